@@ -1,0 +1,41 @@
+//! The command line: one module per subcommand, each a `run` on its clap struct.
+
+mod inspect;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "llm-server",
+    version,
+    about = "CPU inference for GGUF models on small x86-64-v3 machines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print a model's metadata and tensor table.
+    Inspect(inspect::Inspect),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Inspect(c) => c.run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llm-server: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Errors the CLI prints: already phrased for the user.
+pub type CliResult = Result<(), Box<dyn std::error::Error>>;

@@ -1,0 +1,196 @@
+//! GGUF v2/v3 files, memory-mapped. Tensors are typed views into the map: weights are never
+//! copied to the heap, so they stay reclaimable, shared page cache.
+
+mod reader;
+mod value;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::quant::GgmlType;
+pub use reader::{parse, Header};
+pub use value::{Array, Metadata, Value};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GgufError {
+    #[error("cannot open {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("not a GGUF file: it starts with {0:02x?} instead of \"GGUF\" (47 47 55 46); check the path points at a .gguf model")]
+    BadMagic(Vec<u8>),
+    #[error("GGUF version {0} is not supported (versions 2 and 3 are); re-convert the model with a current llama.cpp")]
+    BadVersion(u32),
+    #[error("truncated GGUF file: {0}; the download or copy is probably incomplete")]
+    Truncated(String),
+    #[error("malformed GGUF file: {0}")]
+    Malformed(String),
+    #[error("tensor out of bounds: {0}; the file is corrupt or truncated")]
+    OutOfBounds(String),
+    #[error("tensor `{tensor}` has type {} (ggml id {id}), which is not supported; supported types: {}", name.unwrap_or("unknown"), supported_types())]
+    UnsupportedType {
+        tensor: String,
+        id: u32,
+        name: Option<&'static str>,
+    },
+    #[error("tensor `{tensor}` has a bad shape: {why}")]
+    Shape { tensor: String, why: String },
+    #[error("metadata key `{0}` is missing; the file was not written by a converter this engine understands")]
+    MissingKey(String),
+    #[error("metadata key `{key}` should be {want} but is {got}")]
+    WrongType {
+        key: String,
+        want: String,
+        got: String,
+    },
+    #[error("tensor `{0}` is missing from the model file")]
+    MissingTensor(String),
+}
+
+fn supported_types() -> String {
+    GgmlType::SUPPORTED.map(GgmlType::name).join(", ")
+}
+
+/// Where a tensor lives in the file and what it holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub ty: GgmlType,
+    /// ggml order: `dims[0]` is the row length (the contiguous dimension).
+    pub dims: Vec<usize>,
+    /// Absolute byte offset in the file.
+    pub offset: usize,
+    pub size: usize,
+}
+
+impl TensorInfo {
+    pub fn row_len(&self) -> usize {
+        self.dims[0]
+    }
+
+    /// Number of rows: the product of every dimension but the first.
+    pub fn n_rows(&self) -> usize {
+        self.dims[1..].iter().product()
+    }
+}
+
+/// A tensor: its description and its bytes inside the map.
+#[derive(Clone, Copy, Debug)]
+pub struct Tensor<'a> {
+    pub info: &'a TensorInfo,
+    pub data: &'a [u8],
+}
+
+impl<'a> Tensor<'a> {
+    pub fn ty(&self) -> GgmlType {
+        self.info.ty
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.data.len() / self.info.n_rows()
+    }
+
+    pub fn row(&self, i: usize) -> &'a [u8] {
+        let n = self.row_bytes();
+        &self.data[i * n..(i + 1) * n]
+    }
+}
+
+enum Bytes {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+/// An opened GGUF file.
+pub struct Gguf {
+    bytes: Bytes,
+    pub version: u32,
+    pub metadata: Metadata,
+    pub tensors: Vec<TensorInfo>,
+    pub alignment: usize,
+}
+
+impl Gguf {
+    /// Maps `path` and parses its header. The data is not read here; see [`Gguf::advise_willneed`].
+    pub fn open(path: &Path) -> Result<Gguf, GgufError> {
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only. If another process truncates the file while we run,
+        // reads fault (SIGBUS); that is the accepted contract of every mmap-based engine.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Self::from_bytes_inner(Bytes::Map(map))
+    }
+
+    /// Parses a file already in memory (tests and fuzzing).
+    pub fn from_vec(bytes: Vec<u8>) -> Result<Gguf, GgufError> {
+        Self::from_bytes_inner(Bytes::Owned(bytes))
+    }
+
+    fn from_bytes_inner(bytes: Bytes) -> Result<Gguf, GgufError> {
+        let slice = match &bytes {
+            Bytes::Map(m) => &m[..],
+            Bytes::Owned(v) => &v[..],
+        };
+        let h = parse(slice)?;
+        Ok(Gguf {
+            bytes,
+            version: h.version,
+            metadata: h.metadata,
+            tensors: h.tensors,
+            alignment: h.alignment,
+        })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Map(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    pub fn get_tensor(&self, name: &str) -> Option<Tensor<'_>> {
+        self.tensor_info(name).map(|info| Tensor {
+            info,
+            data: &self.bytes()[info.offset..info.offset + info.size],
+        })
+    }
+
+    pub fn tensor(&self, name: &str) -> Result<Tensor<'_>, GgufError> {
+        self.get_tensor(name)
+            .ok_or_else(|| GgufError::MissingTensor(name.to_string()))
+    }
+
+    /// Asks the kernel to start reading the whole map in (`madvise(MADV_WILLNEED)`).
+    pub fn advise_willneed(&self) -> std::io::Result<()> {
+        match &self.bytes {
+            Bytes::Map(m) => m.advise(memmap2::Advice::WillNeed),
+            Bytes::Owned(_) => Ok(()),
+        }
+    }
+
+    /// Locks the map into RAM (`mlock`), so the weights are never evicted. Needs
+    /// `RLIMIT_MEMLOCK` (or `LimitMEMLOCK=` in the unit) at least the file's size.
+    pub fn lock(&self) -> Result<(), String> {
+        let Bytes::Map(m) = &self.bytes else {
+            return Ok(());
+        };
+        let ptr = std::ptr::NonNull::new(m.as_ptr() as *mut std::ffi::c_void).ok_or("empty map")?;
+        // SAFETY: the range is exactly our live mapping.
+        unsafe { nix::sys::mman::mlock(ptr, m.len()) }.map_err(|e| {
+            format!(
+                "mlock of {} MiB failed: {e}; raise the memlock limit (ulimit -l, LimitMEMLOCK=) or drop --mlock",
+                m.len() >> 20
+            )
+        })
+    }
+}

@@ -1,0 +1,5 @@
+//! `llm-server`: a CPU inference engine for GGUF models, built for small x86-64-v3 machines.
+
+pub mod cpu;
+pub mod gguf;
+pub mod quant;

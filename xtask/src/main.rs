@@ -1,0 +1,28 @@
+//! `cargo xtask`: the project's build tasks. `main` only dispatches; each task is a module.
+
+mod model;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Build tasks for the llm appliance")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Fetch the default model into the cache and print its path.
+    Model(model::Model),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let sh = xshell::Shell::new()?;
+    sh.change_dir(util::project_root());
+    match cli.cmd {
+        Cmd::Model(cmd) => cmd.run(&sh),
+    }
+}
