@@ -2,4 +2,5 @@
 
 pub mod cpu;
 pub mod gguf;
+pub mod limits;
 pub mod quant;
