@@ -4,3 +4,4 @@ pub mod cpu;
 pub mod gguf;
 pub mod limits;
 pub mod quant;
+pub mod tokenizer;

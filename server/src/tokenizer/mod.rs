@@ -1,0 +1,278 @@
+//! Tokenizers built from GGUF metadata, reproducing llama.cpp's token ids exactly:
+//! SentencePiece-style (`tokenizer.ggml.model = "llama"`, e.g. Gemma 3, Llama 2) and
+//! byte-level BPE (`"gpt2"`, e.g. Llama 3, Qwen2).
+//!
+//! Reference: llama.cpp `src/llama-vocab.cpp` (vocabulary loading, `tokenizer_st_partition`,
+//! the SPM and BPE sessions, `token_to_piece`) and `src/unicode.cpp` (pre-tokenizers).
+
+mod special;
+mod spm;
+mod stream;
+mod vocab;
+
+use std::borrow::Cow;
+
+use crate::gguf::{GgufError, Metadata};
+use special::{Fragment, SpecialTokens};
+use spm::Spm;
+pub use stream::StreamDecoder;
+use vocab::{Attr, Strings, Vocab};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("tokenizer.ggml.model is `{0}`, which is not supported; supported tokenizers: `llama` (SentencePiece: Gemma, Llama 2) and `gpt2` (byte-level BPE: Llama 3, Qwen2, GPT-2)")]
+    UnsupportedModel(String),
+    #[error("malformed tokenizer metadata: {0}; re-convert the model with a current llama.cpp")]
+    Malformed(String),
+}
+
+/// Token texts that end generation wherever they occur, as llama.cpp's list (a workaround for
+/// converters that do not write `tokenizer.ggml.eot_token_id`).
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+];
+
+enum Model {
+    Spm(Spm),
+}
+
+/// A tokenizer for one model's vocabulary. Immutable after loading, so `Send + Sync`.
+pub struct Tokenizer {
+    vocab: Vocab,
+    /// The bytes each token decodes to with `special = true` (llama.cpp's piece cache).
+    pieces: Strings,
+    specials: SpecialTokens,
+    model: Model,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    /// Bit set over ids: end-of-generation tokens.
+    eog: Vec<u64>,
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer that `tokenizer.ggml.model` names.
+    pub fn from_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {
+        let kind = md.str("tokenizer.ggml.model")?;
+        let mut vocab = Vocab::from_metadata(md)?;
+        let n = vocab.len() as u32;
+        // An id key pointing outside the vocabulary is ignored (llama.cpp warns and keeps the
+        // default), so a sloppy converter does not make the model unusable.
+        let id_key = |key: &str, default: Option<u32>| -> Result<Option<u32>, TokenizerError> {
+            let default = default.filter(|&d| d < n);
+            Ok(match md.opt(key, Metadata::u32)? {
+                Some(id) if id < n => Some(id),
+                _ => default,
+            })
+        };
+        let (model, bos, eos, add_bos_default) = match kind {
+            "llama" => {
+                let unk = id_key("tokenizer.ggml.unknown_token_id", Some(0))?;
+                let add_space_prefix = md
+                    .opt("tokenizer.ggml.add_space_prefix", Metadata::bool)?
+                    .unwrap_or(true);
+                let spm = Spm::new(&vocab, add_space_prefix, unk);
+                (Model::Spm(spm), Some(1), Some(2), true)
+            }
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
+        let bos = id_key("tokenizer.ggml.bos_token_id", bos)?;
+        let eos = id_key("tokenizer.ggml.eos_token_id", eos)?;
+        let add_bos = md
+            .opt("tokenizer.ggml.add_bos_token", Metadata::bool)?
+            .unwrap_or(add_bos_default);
+        let add_eos = md
+            .opt("tokenizer.ggml.add_eos_token", Metadata::bool)?
+            .unwrap_or(false);
+        if add_bos && bos.is_none() {
+            return Err(TokenizerError::Malformed(
+                "tokenizer.ggml.add_bos_token is true but there is no BOS token".into(),
+            ));
+        }
+        if add_eos && eos.is_none() {
+            return Err(TokenizerError::Malformed(
+                "tokenizer.ggml.add_eos_token is true but there is no EOS token".into(),
+            ));
+        }
+
+        let mut eog = vec![0u64; (n as usize).div_ceil(64)];
+        let mut set_eog = |id: u32| eog[id as usize / 64] |= 1 << (id % 64);
+        for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+            if let Some(id) = id_key(key, None)? {
+                set_eog(id);
+            }
+        }
+        if let Some(id) = eos {
+            set_eog(id);
+        }
+        for text in EOG_TEXTS {
+            if let Some(id) = vocab.find(text.as_bytes()) {
+                set_eog(id);
+                // llama.cpp forces these to CONTROL: they are then split out of text only
+                // with `parse_special` and render as nothing unless asked.
+                vocab.mark_control(id);
+            }
+        }
+
+        let pieces = build_pieces(&vocab, &model);
+        let specials = SpecialTokens::new(&vocab);
+        Ok(Tokenizer {
+            vocab,
+            pieces,
+            specials,
+            model,
+            bos,
+            eos,
+            add_bos,
+            add_eos,
+            eog,
+        })
+    }
+
+    /// Tokenizes `text`. `add_bos`: add BOS (and EOS) where the vocabulary asks for them
+    /// (llama.cpp's `add_special`). `parse_special`: CONTROL tokens written as text (e.g.
+    /// `<start_of_turn>`) become their ids; USER_DEFINED tokens are matched either way.
+    pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if add_bos && self.add_bos {
+            out.extend(self.bos);
+        }
+        let fragments = self.specials.partition(&self.vocab, text, parse_special);
+        match &self.model {
+            Model::Spm(spm) => {
+                let mut scratch = spm::Scratch::default();
+                let mut after_special = true;
+                for fragment in fragments {
+                    match fragment {
+                        Fragment::Text(range) => {
+                            let fragment = text.get(range).unwrap_or_default();
+                            spm.encode(
+                                &self.vocab,
+                                fragment,
+                                after_special,
+                                &mut scratch,
+                                &mut out,
+                            );
+                            after_special = false;
+                        }
+                        Fragment::Token(id) => {
+                            out.push(id);
+                            after_special = true;
+                        }
+                    }
+                }
+            }
+        }
+        if add_bos && self.add_eos {
+            out.extend(self.eos);
+        }
+        out
+    }
+
+    /// Whether [`Tokenizer::encode`] with `add_bos = true` prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// End of generation: EOS, EOT/EOM, and end-of-turn tokens found by text.
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog
+            .get(id as usize / 64)
+            .is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.vocab.len()
+    }
+
+    /// The id of the token whose text is exactly `text` (in the vocabulary's own spelling,
+    /// e.g. `"▁Hello"` for SPM or `"ĠHello"` for byte-level BPE).
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.vocab.find(text.as_bytes())
+    }
+
+    /// The bytes token `id` stands for. CONTROL and UNKNOWN tokens give nothing unless
+    /// `special`; an id outside the vocabulary gives nothing. The bytes may be part of a UTF-8
+    /// character (byte tokens): see [`StreamDecoder`].
+    pub fn piece(&self, id: u32, special: bool) -> &[u8] {
+        if id as usize >= self.vocab.len()
+            || (!special && self.vocab.attr(id).has(Attr::CONTROL.or(Attr::UNKNOWN)))
+        {
+            return &[];
+        }
+        self.pieces.get(id as usize)
+    }
+
+    /// The text of `ids`: pieces concatenated, invalid UTF-8 replaced by U+FFFD. Unlike
+    /// llama.cpp's `detokenize`, no space is stripped or cleaned up, so that
+    /// `decode(encode(s))` gives `s` back.
+    pub fn decode(&self, ids: &[u32], special: bool) -> String {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            bytes.extend_from_slice(self.piece(id, special));
+        }
+        match String::from_utf8_lossy(&bytes) {
+            Cow::Borrowed(_) => String::from_utf8(bytes).unwrap_or_default(),
+            Cow::Owned(s) => s,
+        }
+    }
+}
+
+/// The piece of every token, as llama.cpp's `token_to_piece` with `special = true`.
+fn build_pieces(vocab: &Vocab, model: &Model) -> Strings {
+    let mut pieces = Strings::with_capacity(vocab.len(), vocab.len() * 6);
+    for id in 0..vocab.len() as u32 {
+        let attr = vocab.attr(id);
+        let text = vocab.text(id);
+        if attr.has(Attr::CONTROL.or(Attr::UNKNOWN).or(Attr::USER_DEFINED)) {
+            pieces.extend(text);
+        } else if attr.has(Attr::NORMAL) {
+            match model {
+                Model::Spm(_) => extend_unescaped(&mut pieces, text),
+            }
+        } else if attr.has(Attr::BYTE) {
+            pieces.extend(parse_byte_token(text).as_slice());
+        }
+        // UNUSED and undefined tokens decode to nothing, as in llama.cpp.
+        pieces.finish();
+    }
+    pieces
+}
+
+/// Appends `text` with every '▁' turned back into a space.
+fn extend_unescaped(pieces: &mut Strings, mut text: &[u8]) {
+    let escaped = spm::ESCAPED_SPACE.as_bytes();
+    while let Some(i) = text.windows(escaped.len()).position(|w| w == escaped) {
+        pieces.extend(&text[..i]);
+        pieces.extend(b" ");
+        text = &text[i + escaped.len()..];
+    }
+    pieces.extend(text);
+}
+
+/// The byte of a `<0xXX>` token.
+fn parse_byte_token(text: &[u8]) -> Option<u8> {
+    let hex = text.strip_prefix(b"<0x")?.strip_suffix(b">")?;
+    u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+}

@@ -1,0 +1,109 @@
+//! Shared by the tokenizer tests: locating golden data and llama.cpp's tokenizer test vectors.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::{Path, PathBuf};
+
+use llm_server::gguf::Gguf;
+use llm_server::tokenizer::Tokenizer;
+
+/// `shared/golden` lives beside the repository (`../shared` from its root).
+pub fn golden_dir() -> PathBuf {
+    let beside_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden");
+    if beside_repo.is_dir() {
+        return beside_repo;
+    }
+    PathBuf::from("/work/shared/golden")
+}
+
+/// The default model: `$LLM_MODEL`, else where `cargo xtask model` puts it.
+pub fn default_model() -> PathBuf {
+    if let Some(p) = std::env::var_os("LLM_MODEL") {
+        return p.into();
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let path = Path::new(&home).join(".cache/llm-appliance/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "default model not found at {}; run `cargo xtask model` or set LLM_MODEL",
+        path.display()
+    );
+    path
+}
+
+pub fn load(path: &Path) -> Tokenizer {
+    let g = Gguf::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Tokenizer::from_metadata(&g.metadata).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// llama.cpp's `test-tokenizer-0` vectors: `X.gguf.inp` holds the texts, each followed by
+/// `\n__ggml_vocab_test__\n`; line i of `X.gguf.out` holds the ids of text i.
+pub struct VocabCase {
+    pub text: String,
+    pub ids: Vec<u32>,
+}
+
+pub fn vocab_cases(vocab: &str) -> (Tokenizer, Vec<VocabCase>) {
+    let dir = golden_dir().join("vocab");
+    let gguf = dir.join(format!("ggml-vocab-{vocab}.gguf"));
+    let inp = std::fs::read_to_string(gguf.with_extension("gguf.inp")).expect("read .inp");
+    let out = std::fs::read_to_string(gguf.with_extension("gguf.out")).expect("read .out");
+    // As test-tokenizer-0.cpp: split on the separator; text after the last one (empty) is no case.
+    const SEP: &str = "\n__ggml_vocab_test__\n";
+    let mut texts: Vec<&str> = inp.split(SEP).collect();
+    if texts.last() == Some(&"") {
+        texts.pop();
+    }
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        texts.len(),
+        lines.len(),
+        "{vocab}: .inp and .out disagree on the case count"
+    );
+    let cases = texts
+        .into_iter()
+        .zip(lines)
+        .map(|(text, line)| VocabCase {
+            text: text.to_string(),
+            ids: line
+                .split_whitespace()
+                .map(|t| t.parse().expect("id"))
+                .collect(),
+        })
+        .collect();
+    (load(&gguf), cases)
+}
+
+/// Encodes every case (no BOS, no special parsing, as test-tokenizer-0) and returns the
+/// failures, described, so one run shows all of them.
+pub fn vocab_failures(tok: &Tokenizer, cases: &[VocabCase]) -> Vec<String> {
+    cases
+        .iter()
+        .filter_map(|case| {
+            let got = tok.encode(&case.text, false, false);
+            (got != case.ids)
+                .then(|| format!("{:?}\n  want {:?}\n  got  {:?}", case.text, case.ids, got))
+        })
+        .collect()
+}
+
+/// `(text, ids)` pairs of a golden JSON file's `tokenize` section.
+pub fn golden_tokenize(path: &Path) -> Vec<(String, Vec<u32>)> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read golden")).expect("json");
+    json["tokenize"]
+        .as_array()
+        .expect("tokenize array")
+        .iter()
+        .map(|c| {
+            let text = c["text"].as_str().expect("text").to_string();
+            let ids = c["ids"]
+                .as_array()
+                .expect("ids")
+                .iter()
+                .map(|v| v.as_u64().expect("id") as u32)
+                .collect();
+            (text, ids)
+        })
+        .collect()
+}
