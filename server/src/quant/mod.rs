@@ -4,6 +4,18 @@
 //! Matmuls never dequantise weights: the activation row is quantised once per matmul into the
 //! weight type's [`vec_dot_type`] (Q8_0 or Q8_K, as llama.cpp does) and dotted in integers.
 
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod avx2;
+mod blocks;
+mod quantize;
+pub mod reference;
+#[cfg(test)]
+mod tests;
 mod types;
 
 pub use types::GgmlType;
@@ -24,20 +36,100 @@ pub fn vec_dot_type(w: GgmlType) -> GgmlType {
 
 /// Converts `x` into `ty` (one of F32, F16, BF16, Q8_0, Q8_K) in `out`, which must hold exactly
 /// `ty.row_bytes(x.len())` bytes. Bit-identical to llama.cpp's x86 AVX2 quantisers.
+///
+/// Panics when `out` has the wrong length or `ty` is a weight-only type: both are bugs in the
+/// caller, which sizes its scratch buffers from the model's validated shapes.
 pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
-    let _ = (ty, x, out);
-    unimplemented!("kernels land in the next commit")
+    check_row_len("quantize_row", ty, x.len(), out.len());
+    match ty {
+        GgmlType::F32 => quantize::f32_row(x, out),
+        GgmlType::F16 => quantize::f16_row(x, out),
+        GgmlType::BF16 => quantize::bf16_row(x, out),
+        GgmlType::Q8_0 => quantize::q8_0(x, blocks::blocks_mut(out)),
+        GgmlType::Q8_K => quantize::q8_k(x, blocks::blocks_mut(out)),
+        _ => panic!("quantize_row: {ty} is a weight format, not an activation format"),
+    }
 }
 
 /// Dot product of one weight row of type `w` (n values) with an activation row already in
 /// `vec_dot_type(w)`. Uses the AVX2 kernel.
+///
+/// Panics when either row does not hold exactly `n` values (a caller bug).
+#[inline]
 pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
-    let _ = (w, n, w_row, act);
-    unimplemented!("kernels land in the next commit")
+    check_row_len("vec_dot (weights)", w, n, w_row.len());
+    check_row_len("vec_dot (activations)", vec_dot_type(w), n, act.len());
+    simd_vec_dot(w, w_row, act)
+}
+
+/// Dots one weight row against several activation rows (prefill), writing `out[i]` for `acts[i]`.
+/// The weight row (at most a few KiB) stays in L1 across the activation rows.
+pub fn vec_dot_multi(w: GgmlType, n: usize, w_row: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+    assert_eq!(
+        acts.len(),
+        out.len(),
+        "vec_dot_multi: {} activation rows but {} outputs",
+        acts.len(),
+        out.len()
+    );
+    check_row_len("vec_dot_multi (weights)", w, n, w_row.len());
+    for (act, o) in acts.iter().zip(out) {
+        check_row_len("vec_dot_multi (activations)", vec_dot_type(w), n, act.len());
+        *o = simd_vec_dot(w, w_row, act);
+    }
 }
 
 /// Dequantises one row of type `ty` (e.g. an embedding row) into `out` (length n).
+///
+/// Panics when `row` does not hold exactly `out.len()` values (a caller bug).
 pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
-    let _ = (ty, row, out);
-    unimplemented!("kernels land in the next commit")
+    check_row_len("dequantize_row", ty, out.len(), row.len());
+    reference::dequantize(ty, row, out);
+}
+
+#[inline(always)]
+fn check_row_len(what: &str, ty: GgmlType, n: usize, bytes: usize) {
+    assert!(
+        ty.row_bytes(n) == Some(bytes),
+        "{what}: {bytes} bytes is not a {ty} row of {n} values ({ty} has {} values per {}-byte block)",
+        ty.block_len(),
+        ty.block_bytes(),
+    );
+}
+
+/// The SIMD kernel for `w`, rows already checked. Compiled for x86-64-v3 (the workspace's target);
+/// elsewhere the scalar reference stands in.
+#[inline(always)]
+fn simd_vec_dot(w: GgmlType, w_row: &[u8], act: &[u8]) -> f32 {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    {
+        use blocks::blocks as b;
+        match w {
+            GgmlType::F32 => avx2::f32_f32(w_row, act),
+            GgmlType::F16 => avx2::f16_f16(w_row, act),
+            GgmlType::BF16 => avx2::bf16_bf16(w_row, act),
+            GgmlType::Q8_0 => avx2::q8_0_q8_0(b(w_row), b(act)),
+            GgmlType::Q4_0 => avx2::q4_0_q8_0(b(w_row), b(act)),
+            GgmlType::Q5_0 => avx2::q5_0_q8_0(b(w_row), b(act)),
+            GgmlType::IQ4_NL => avx2::iq4_nl_q8_0(b(w_row), b(act)),
+            GgmlType::Q4_K => avx2::q4_k_q8_k(b(w_row), b(act)),
+            GgmlType::Q5_K => avx2::q5_k_q8_k(b(w_row), b(act)),
+            GgmlType::Q6_K => avx2::q6_k_q8_k(b(w_row), b(act)),
+            GgmlType::IQ4_XS => avx2::iq4_xs_q8_k(b(w_row), b(act)),
+            // Activation-only format: never a weight of a model we load.
+            GgmlType::Q8_K => reference::vec_dot(w, w_row, act),
+        }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )))]
+    reference::vec_dot(w, w_row, act)
 }

@@ -1,0 +1,432 @@
+//! AVX2/FMA/F16C dot-product kernels (compiled in when the target has them; the workspace builds
+//! for x86-64-v3). Same integer arithmetic as [`super::reference`]; tricks follow
+//! ggml/src/ggml-cpu/arch/x86/quants.c (ggml-org/ggml d99724f):
+//! - `_mm256_maddubs_epi16` needs an unsigned operand, so signed×signed products are taken as
+//!   `|w| × (a with w's sign)`; `_mm256_madd_epi16` then widens pairs to i32 (or applies a scale).
+//! - One float FMA per block (32 values) or super-block (256 values), into independent
+//!   accumulators so consecutive blocks do not wait on each other's FMA latency.
+//! - K-quant mins and offsets are taken from the activation's `bsums`, never from the quants.
+//!
+//! Rows need no alignment: every load is unaligned.
+
+use std::arch::x86_64::*;
+
+use super::blocks::*;
+
+/// Horizontal sum of eight f32 lanes.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+#[inline(always)]
+unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
+#[inline(always)]
+unsafe fn load128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p.cast())
+}
+
+/// Sixteen i16 sums of adjacent products of signed bytes `w` and `a`.
+#[inline(always)]
+unsafe fn mul_i8_pairs(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+}
+
+/// Eight i32 sums of four products each of signed bytes `w` and `a`.
+#[inline(always)]
+unsafe fn dot_i8_quads(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_madd_epi16(mul_i8_pairs(w, a), _mm256_set1_epi16(1))
+}
+
+/// Low nibbles of 16 bytes in lanes 0..16, high nibbles in lanes 16..32 (the Q4_0 family order).
+#[inline(always)]
+unsafe fn nibbles_32(qs: *const u8) -> __m256i {
+    let q = load128(qs);
+    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// 0xFF in byte i where bit i of `bits` is set, 0 elsewhere.
+#[inline(always)]
+unsafe fn bytes_from_bits_32(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    // Byte i of each group of eight gets every bit but bit i set, so it is all-ones iff bit i was.
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
+}
+
+/// A 32-value block whose quants unpack to signed bytes, dotted against Q8_0.
+trait SignedBlock32: Block {
+    fn d(&self) -> [u8; 2];
+    /// The 32 quants as signed bytes, in element order.
+    unsafe fn quants(&self) -> __m256i;
+}
+
+impl SignedBlock32 for BlockQ8_0 {
+    #[inline(always)]
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants(&self) -> __m256i {
+        load256(self.qs.as_ptr().cast())
+    }
+}
+
+impl SignedBlock32 for BlockQ4_0 {
+    #[inline(always)]
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants(&self) -> __m256i {
+        _mm256_sub_epi8(nibbles_32(self.qs.as_ptr()), _mm256_set1_epi8(8))
+    }
+}
+
+impl SignedBlock32 for BlockQ5_0 {
+    #[inline(always)]
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants(&self) -> __m256i {
+        // q - 16 = nibble - 16 when the fifth bit is clear: OR-ing 0xF0 into the nibble gives
+        // exactly that as a signed byte, and leaves it alone when the bit is set.
+        let clear = _mm256_andnot_si256(
+            bytes_from_bits_32(u32::from_le_bytes(self.qh)),
+            _mm256_set1_epi8(0xF0u8 as i8),
+        );
+        _mm256_or_si256(nibbles_32(self.qs.as_ptr()), clear)
+    }
+}
+
+impl SignedBlock32 for BlockIq4Nl {
+    #[inline(always)]
+    fn d(&self) -> [u8; 2] {
+        self.d
+    }
+    #[inline(always)]
+    unsafe fn quants(&self) -> __m256i {
+        let grid = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr().cast()));
+        _mm256_shuffle_epi8(grid, nibbles_32(self.qs.as_ptr()))
+    }
+}
+
+/// `acc + d_w*d_a*(w·a)` for one 32-value block.
+#[inline(always)]
+unsafe fn fma_block32<B: SignedBlock32>(w: &B, a: &BlockQ8_0, acc: __m256) -> __m256 {
+    let sumi = dot_i8_quads(w.quants(), load256(a.qs.as_ptr().cast()));
+    let d = _mm256_set1_ps(f16_to_f32(w.d()) * f16_to_f32(a.d));
+    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc)
+}
+
+/// Dot product of 32-value weight blocks with Q8_0 activations, four blocks per iteration into
+/// four accumulators (the Q8_0 LM head is the largest read of a decode step).
+#[inline(always)]
+unsafe fn dot_block32<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
+    let n = w.len().min(a.len());
+    let (w, a) = (&w[..n], &a[..n]);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let (w4, a4) = (w.chunks_exact(4), a.chunks_exact(4));
+    let (w_rest, a_rest) = (w4.remainder(), a4.remainder());
+    for (w, a) in w4.zip(a4) {
+        for k in 0..4 {
+            acc[k] = fma_block32(&w[k], &a[k], acc[k]);
+        }
+    }
+    for (w, a) in w_rest.iter().zip(a_rest) {
+        acc[0] = fma_block32(w, a, acc[0]);
+    }
+    hsum(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ))
+}
+
+pub fn q8_0_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    // SAFETY: the target has AVX2/FMA/F16C (this module is compiled only then); loads stay
+    // inside the blocks borrowed from `w` and `a`.
+    unsafe { dot_block32(w, a) }
+}
+
+pub fn q4_0_q8_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`.
+    unsafe { dot_block32(w, a) }
+}
+
+pub fn q5_0_q8_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`.
+    unsafe { dot_block32(w, a) }
+}
+
+pub fn iq4_nl_q8_0(w: &[BlockIq4Nl], a: &[BlockQ8_0]) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`.
+    unsafe { dot_block32(w, a) }
+}
+
+/// Shuffle mask that broadcasts i16 lane `k` of each 128-bit half.
+#[inline(always)]
+unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
+    _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k))
+}
+
+/// `Σ_s scale_s · (q·a)_s` over a super-block whose quants are unsigned bytes < 64, for Q4_K and
+/// Q5_K: `chunk(c)` gives the 64 quants of chunk c as (values 0..32, values 32..64).
+#[inline(always)]
+unsafe fn k4_scaled_sum(
+    scales: __m256i,
+    a: &BlockQ8K,
+    chunk: impl Fn(usize) -> (__m256i, __m256i),
+) -> __m256i {
+    let mut sumi = _mm256_setzero_si256();
+    for c in 0..4 {
+        let (lo, hi) = chunk(c);
+        let a_lo = load256(a.qs.as_ptr().add(64 * c).cast());
+        let a_hi = load256(a.qs.as_ptr().add(64 * c + 32).cast());
+        let sc_lo = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16));
+        let sc_hi = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16 + 1));
+        let p_lo = _mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, a_lo));
+        let p_hi = _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, a_hi));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+    }
+    sumi
+}
+
+/// Shared Q4_K/Q5_K driver: per super-block, the scale part is `d·d_a·sumi` (one FMA) and the min
+/// part `-dmin·d_a·Σ min_s·(bsum_2s + bsum_2s+1)` goes to a separate 4-lane accumulator.
+#[inline(always)]
+unsafe fn dot_k4<B: Block>(
+    w: &[B],
+    a: &[BlockQ8K],
+    fields: impl Fn(&B) -> ([u8; 2], [u8; 2], &[u8; 12]),
+    chunk: impl Fn(&B, usize) -> (__m256i, __m256i),
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for (b, y) in w.iter().zip(a) {
+        let (d, dmin, packed) = fields(b);
+        let sm = scales_mins_k4(packed);
+        // Lanes 0..8: scales, 8..16: mins, as i16.
+        let scales_mins = _mm256_cvtepu8_epi16(load128(sm.as_ptr()));
+        let bsums = load256(y.bsums.as_ptr());
+        let bsums32 = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bsums),
+            _mm256_extracti128_si256(bsums, 1),
+        );
+        let mins = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), bsums32);
+        let dmin = _mm_set1_ps(-y.d() * f16_to_f32(dmin));
+        acc_m = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m);
+
+        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+        let sumi = k4_scaled_sum(scales, y, |c| chunk(b, c));
+        let d = _mm256_set1_ps(y.d() * f16_to_f32(d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    hsum(acc) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+}
+
+pub fn q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`; chunk c reads qs[32c..32c+32] of a 128-byte array (c < 4).
+    unsafe {
+        dot_k4(
+            w,
+            a,
+            |b| (b.d, b.dmin, &b.scales),
+            |b, c| {
+                let q = load256(b.qs.as_ptr().add(32 * c));
+                let m4 = _mm256_set1_epi8(0x0F);
+                (
+                    _mm256_and_si256(q, m4),
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                )
+            },
+        )
+    }
+}
+
+pub fn q5_k_q8_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: as in `q4_k_q8_k`; qh is 32 bytes.
+    unsafe {
+        dot_k4(
+            w,
+            a,
+            |b| (b.d, b.dmin, &b.scales),
+            |b, c| {
+                let q = load256(b.qs.as_ptr().add(32 * c));
+                let qh = load256(b.qh.as_ptr());
+                let m4 = _mm256_set1_epi8(0x0F);
+                let bit = _mm256_set1_epi8(1);
+                // Bit 2c of qh[l] is value l's fifth bit, bit 2c+1 value 32+l's. Shifting 16-bit
+                // lanes by < 8 keeps each byte's own bit 0 after the mask.
+                let shift = _mm_cvtsi32_si128(2 * c as i32);
+                let h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, shift), bit);
+                let shift = _mm_cvtsi32_si128(2 * c as i32 + 1);
+                let h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, shift), bit);
+                let lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h_lo, 4));
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                (lo, _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4)))
+            },
+        )
+    }
+}
+
+/// Shuffle mask giving bytes [2g; 8] ++ [2g+1; 8]: the two Q6_K scales of 32-value group g.
+#[inline(always)]
+unsafe fn q6_scale_pair_mask(g: usize) -> __m128i {
+    let byte = |i: usize| (i as i64) * 0x0101_0101_0101_0101;
+    _mm_set_epi64x(byte(2 * g + 1), byte(2 * g))
+}
+
+pub fn q6_k_q8_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`; half h reads ql[64h..64h+64] and qh[32h..32h+32].
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m2 = _mm256_set1_epi8(3);
+        let mut acc = _mm256_setzero_ps();
+        for (b, y) in w.iter().zip(a) {
+            let scales = load128(b.scales.as_ptr().cast());
+            // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
+            let offset = _mm256_madd_epi16(load256(y.bsums.as_ptr()), _mm256_cvtepi8_epi16(scales));
+            let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
+            for half in 0..2 {
+                let ql0 = load256(b.ql.as_ptr().add(64 * half));
+                let ql1 = load256(b.ql.as_ptr().add(64 * half + 32));
+                let qh = load256(b.qh.as_ptr().add(32 * half));
+                let high = |shift: i32| {
+                    let s = _mm_cvtsi32_si128(shift);
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s), m2), 4)
+                };
+                let quants = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+                ];
+                for (g, q) in quants.into_iter().enumerate() {
+                    let group = 4 * half + g;
+                    let act = load256(y.qs.as_ptr().add(32 * group).cast());
+                    let sc =
+                        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, q6_scale_pair_mask(group)));
+                    let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act));
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+            }
+            let d = _mm256_set1_ps(f16_to_f32(b.d) * y.d());
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum(acc)
+    }
+}
+
+pub fn iq4_xs_q8_k(w: &[BlockIq4Xs], a: &[BlockQ8K]) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`; sub-block s reads qs[16s..16s+16] (s < 8).
+    unsafe {
+        let grid = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr().cast()));
+        let mut acc = _mm256_setzero_ps();
+        for (b, y) in w.iter().zip(a) {
+            let mut sums = [_mm256_setzero_si256(); 2];
+            for s in 0..8 {
+                let q = _mm256_shuffle_epi8(grid, nibbles_32(b.qs.as_ptr().add(16 * s)));
+                let act = load256(y.qs.as_ptr().add(32 * s).cast());
+                let scale = _mm256_set1_epi16(b.scale(s) as i16);
+                let p = _mm256_madd_epi16(mul_i8_pairs(q, act), scale);
+                sums[s % 2] = _mm256_add_epi32(sums[s % 2], p);
+            }
+            let d = _mm256_set1_ps(f16_to_f32(b.d) * y.d());
+            let sumi = _mm256_add_epi32(sums[0], sums[1]);
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum(acc)
+    }
+}
+
+/// Float dot product, 32 values per iteration into four accumulators; `load8` converts eight
+/// elements at a byte pointer to f32 and `load1` one element (for the tail).
+#[inline(always)]
+unsafe fn dot_float(
+    w: &[u8],
+    a: &[u8],
+    width: usize,
+    load8: impl Fn(*const u8) -> __m256,
+    load1: impl Fn(&[u8]) -> f32,
+) -> f32 {
+    let n = w.len().min(a.len()) / width;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let off = (i + 8 * k) * width;
+            *acc = _mm256_fmadd_ps(load8(wp.add(off)), load8(ap.add(off)), *acc);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(load8(wp.add(i * width)), load8(ap.add(i * width)), acc[0]);
+        i += 8;
+    }
+    let mut sum = hsum(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ));
+    for j in i..n {
+        let r = j * width..(j + 1) * width;
+        sum += load1(&w[r.clone()]) * load1(&a[r]);
+    }
+    sum
+}
+
+pub fn f32_f32(w: &[u8], a: &[u8]) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`; `dot_float` loads only whole elements inside both slices.
+    unsafe {
+        dot_float(
+            w,
+            a,
+            4,
+            |p| _mm256_loadu_ps(p.cast()),
+            |x| f32::from_le_bytes(x.try_into().unwrap()),
+        )
+    }
+}
+
+pub fn f16_f16(w: &[u8], a: &[u8]) -> f32 {
+    // SAFETY: as in `f32_f32`.
+    unsafe {
+        dot_float(
+            w,
+            a,
+            2,
+            |p| _mm256_cvtph_ps(load128(p)),
+            |x| f16_to_f32([x[0], x[1]]),
+        )
+    }
+}
+
+pub fn bf16_bf16(w: &[u8], a: &[u8]) -> f32 {
+    // SAFETY: as in `f32_f32`.
+    unsafe {
+        dot_float(
+            w,
+            a,
+            2,
+            // bf16 is the top half of an f32: widen to 32 bits and shift into place.
+            |p| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16)),
+            |x| bf16_to_f32([x[0], x[1]]),
+        )
+    }
+}

@@ -1,0 +1,324 @@
+//! Agreement tests: SIMD kernels against the scalar reference, the reference's integer dot
+//! products against its own dequantisation, and the activation quantisers against llama.cpp's
+//! rounding rules on hand-picked values.
+
+use half::f16;
+use proptest::prelude::*;
+
+use super::blocks::{BlockQ8K, BlockQ8_0};
+use super::*;
+
+/// Weight types with a SIMD kernel.
+const WEIGHT_TYPES: [GgmlType; 11] = GgmlType::SUPPORTED;
+
+/// A small deterministic generator (SplitMix64), so proptest only has to shrink a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn f16_bytes(&mut self, scale: f32) -> [u8; 2] {
+        f16::from_f32(self.unit() * scale).to_le_bytes()
+    }
+}
+
+/// Byte offsets of the f16 scale fields inside one block of `ty` (random bytes there could be NaN
+/// or infinity, which no real file holds).
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
+        GgmlType::IQ4_XS => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K => &[],
+    }
+}
+
+/// A random weight row of `n` values: random quant bits and finite scales.
+fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut row = vec![0u8; ty.row_bytes(n).unwrap()];
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            let x: Vec<f32> = (0..n).map(|_| rng.unit() * 4.0).collect();
+            quantize_row(ty, &x, &mut row);
+        }
+        _ => {
+            row.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+            for block in row.chunks_exact_mut(ty.block_bytes()) {
+                for &off in scale_offsets(ty) {
+                    block[off..off + 2].copy_from_slice(&rng.f16_bytes(0.05));
+                }
+            }
+        }
+    }
+    row
+}
+
+/// Random activations with occasional outliers, as real hidden states have.
+fn random_activations(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n)
+        .map(|i| rng.unit() * if i % 37 == 0 { 20.0 } else { 1.0 })
+        .collect()
+}
+
+fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; ty.row_bytes(x.len()).unwrap()];
+    quantize_row(ty, x, &mut out);
+    out
+}
+
+fn dequantized(ty: GgmlType, row: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    dequantize_row(ty, row, &mut out);
+    out
+}
+
+/// Σ|w_i·a_i| over the dequantised rows: the scale of float rounding in any summation order.
+fn abs_product_sum(w: GgmlType, w_row: &[u8], act: &[u8], n: usize) -> f64 {
+    let wd = dequantized(w, w_row, n);
+    let ad = dequantized(vec_dot_type(w), act, n);
+    wd.iter().zip(&ad).map(|(a, b)| (a * b).abs() as f64).sum()
+}
+
+/// One random case per weight type: (type, n, weight row, activation row in vec_dot_type).
+fn cases(seed: u64, blocks: usize) -> Vec<(GgmlType, usize, Vec<u8>, Vec<u8>)> {
+    let mut rng = Rng(seed);
+    WEIGHT_TYPES
+        .iter()
+        .map(|&w| {
+            // Float rows get lengths that are not a multiple of the 32-wide unrolling.
+            let n = if w.block_len() == 1 {
+                blocks * 37 + 3
+            } else {
+                blocks * w.block_len()
+            };
+            let w_row = random_weights(w, n, &mut rng);
+            let act = quantized(vec_dot_type(w), &random_activations(n, &mut rng));
+            (w, n, w_row, act)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// 1..=9 blocks covers the 4-way unrolled loop with every remainder.
+    #[test]
+    fn simd_vec_dot_equals_reference(seed in any::<u64>(), blocks in 1usize..=9) {
+        for (w, n, w_row, act) in cases(seed, blocks) {
+            let simd = vec_dot(w, n, &w_row, &act);
+            let scalar = reference::vec_dot(w, &w_row, &act);
+            let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
+            prop_assert!(
+                ((simd - scalar) as f64).abs() <= tol,
+                "{w}, n={n}: simd {simd} vs reference {scalar} (tolerance {tol})"
+            );
+        }
+    }
+
+    /// The integer arithmetic (mins and offsets via bsums, scales applied to int sums) equals the
+    /// plain dot product of the dequantised rows.
+    #[test]
+    fn reference_vec_dot_equals_dot_of_dequantised_rows(seed in any::<u64>(), blocks in 1usize..=3) {
+        for (w, n, w_row, act) in cases(seed, blocks) {
+            let wd = dequantized(w, &w_row, n);
+            let ad = dequantized(vec_dot_type(w), &act, n);
+            let exact: f64 = wd.iter().zip(&ad).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let got = reference::vec_dot(w, &w_row, &act) as f64;
+            let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
+            prop_assert!((got - exact).abs() <= tol, "{w}, n={n}: {got} vs {exact} (tolerance {tol})");
+        }
+    }
+
+    #[test]
+    fn vec_dot_multi_equals_vec_dot(seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        for w in WEIGHT_TYPES {
+            let n = 256;
+            let w_row = random_weights(w, n, &mut rng);
+            let acts: Vec<Vec<u8>> =
+                (0..3).map(|_| quantized(vec_dot_type(w), &random_activations(n, &mut rng))).collect();
+            let act_refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
+            let mut out = [0f32; 3];
+            vec_dot_multi(w, n, &w_row, &act_refs, &mut out);
+            for (a, o) in acts.iter().zip(out) {
+                prop_assert_eq!(o.to_bits(), vec_dot(w, n, &w_row, a).to_bits());
+            }
+        }
+    }
+
+    /// Rows at odd addresses (weights are not aligned inside a GGUF mapping).
+    #[test]
+    fn kernels_accept_unaligned_rows(seed in any::<u64>(), shift in 1usize..32) {
+        for (w, n, w_row, act) in cases(seed, 2) {
+            let mut buf = vec![0u8; shift + w_row.len()];
+            buf[shift..].copy_from_slice(&w_row);
+            prop_assert_eq!(vec_dot(w, n, &buf[shift..], &act).to_bits(), vec_dot(w, n, &w_row, &act).to_bits());
+        }
+    }
+
+    #[test]
+    fn activation_formats_round_trip(seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        let x = random_activations(512, &mut rng);
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q8_K] {
+            let back = dequantized(ty, &quantized(ty, &x), x.len());
+            let chunk = ty.block_len().max(32);
+            for (block, (xs, ys)) in x.chunks(chunk).zip(back.chunks(chunk)).enumerate() {
+                let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (&x, &y) in xs.iter().zip(ys) {
+                    // Half a quantisation step; Q8_0 also carries d's f16 rounding (2^-11
+                    // relative), F16 the absolute step of its subnormals.
+                    let bound = match ty {
+                        GgmlType::F32 => 0.0,
+                        GgmlType::F16 => x.abs() * 2f32.powi(-11) + 2f32.powi(-25),
+                        GgmlType::BF16 => x.abs() * 2f32.powi(-8),
+                        GgmlType::Q8_0 => (amax / 127.0 * 0.5 + amax * 2f32.powi(-11)) * 1.0001,
+                        _ => amax / 127.0 * 0.5 * 1.0001,
+                    };
+                    prop_assert!((x - y).abs() <= bound, "{ty} block {block}: {x} came back as {y}");
+                }
+            }
+        }
+    }
+}
+
+fn q8_0_block(x: &[f32; 32]) -> BlockQ8_0 {
+    blocks::blocks::<BlockQ8_0>(&quantized(GgmlType::Q8_0, x))[0]
+}
+
+fn q8_k_block(x: &[f32]) -> BlockQ8K {
+    blocks::blocks::<BlockQ8K>(&quantized(GgmlType::Q8_K, x))[0]
+}
+
+#[test]
+fn q8_0_zero_block_has_zero_scale_and_quants() {
+    let b = q8_0_block(&[0.0; 32]);
+    assert_eq!(b.d, [0, 0]);
+    assert_eq!(b.qs, [0; 32]);
+}
+
+#[test]
+fn q8_0_rounds_halves_to_even_with_id_127_over_amax() {
+    // amax = 127 makes id exactly 1, so x*id are the halves themselves.
+    let mut x = [0.0f32; 32];
+    x[..8].copy_from_slice(&[127.0, 0.5, 1.5, 2.5, -0.5, -2.5, -3.5, 126.5]);
+    let b = q8_0_block(&x);
+    assert_eq!(&b.qs[..8], &[127, 0, 2, 2, 0, -2, -4, 126]); // roundf would give 1, 3, -1, -3, -4, 127
+    assert_eq!(f16::from_le_bytes(b.d).to_f32(), 1.0);
+}
+
+#[test]
+fn q8_0_stores_d_rounded_to_nearest_even_f16() {
+    // amax/127 = 1 + 3·2^-11 lies halfway between the f16 values 1 + 2^-10 (odd mantissa) and
+    // 1 + 2^-9 (even): nearest-even picks the latter, truncation the former.
+    let mut x = [0.0f32; 32];
+    x[0] = 127.0 * (1.0 + 3.0 * 2f32.powi(-11));
+    assert_eq!(u16::from_le_bytes(q8_0_block(&x).d), 0x3c02);
+}
+
+#[test]
+fn q8_0_extremes() {
+    let mut x = [1e-30f32; 32];
+    x[3] = -2e-30;
+    let b = q8_0_block(&x);
+    assert_eq!(
+        b.d,
+        [0, 0],
+        "amax/127 underflows f16 to zero, as in llama.cpp"
+    );
+    assert_eq!((b.qs[3], b.qs[0]), (-127, 64)); // the quants still use id = 127/amax
+    let mut x = [0.0f32; 32];
+    x[0] = -3e38;
+    x[1] = 1e38;
+    let b = q8_0_block(&x);
+    assert_eq!((b.qs[0], b.qs[1]), (-127, 42));
+    assert_eq!(f16::from_le_bytes(b.d), f16::INFINITY); // 3e38/127 is beyond f16's range
+}
+
+#[test]
+fn q8_k_zero_block() {
+    let b = q8_k_block(&[0.0; 256]);
+    assert_eq!((b.d(), b.qs, b.bsums), (0.0, [0; 256], [0; 32]));
+}
+
+#[test]
+fn q8_k_scale_takes_the_sign_of_the_largest_magnitude() {
+    // max = 63.5 makes iscale = -127/63.5 = -2 exactly.
+    let mut x = [0.0f32; 256];
+    x[0] = 63.5;
+    x[1] = -31.75;
+    let b = q8_k_block(&x);
+    assert_eq!(b.d(), -0.5);
+    assert_eq!((b.qs[0], b.qs[1]), (-127, 64)); // -2 · -31.75 = 63.5 → 64 (even)
+    x[0] = -63.5;
+    let b = q8_k_block(&x);
+    assert_eq!(b.d(), 0.5);
+    assert_eq!((b.qs[0], b.qs[1]), (-127, -64));
+    // Ties in magnitude: the first one met sets the sign.
+    x[2] = 63.5;
+    assert_eq!(q8_k_block(&x).d(), 0.5);
+}
+
+#[test]
+fn q8_k_rounds_halves_to_even_and_sums_groups_of_16() {
+    // max = -127 makes iscale exactly 1.
+    let mut x = [0.0f32; 256];
+    x[..6].copy_from_slice(&[-127.0, 0.5, 1.5, 2.5, -2.5, 3.5]);
+    x[16] = 7.0;
+    x[255] = -1.0;
+    let b = q8_k_block(&x);
+    assert_eq!(&b.qs[..6], &[-127, 0, 2, 2, -2, 4]);
+    assert_eq!((b.bsum(0), b.bsum(1), b.bsum(15)), (-127 + 6, 7, -1));
+    assert_eq!(b.d(), 1.0);
+}
+
+#[test]
+fn f16_conversion_rounds_to_nearest_even_and_overflows_to_infinity() {
+    let x = [
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        65520.0,
+        -1e-8,
+    ];
+    let out = quantized(GgmlType::F16, &x);
+    let bits: Vec<u16> = out
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    assert_eq!(bits, [0x3c00, 0x3c02, 0x7c00, 0x8000]);
+}
+
+#[test]
+fn bf16_conversion_matches_ggml() {
+    let x = [
+        1.0 + 2f32.powi(-8),         // halfway, even neighbour is 1.0
+        1.0 + 3.0 * 2f32.powi(-8),   // halfway, even neighbour is 1 + 2^-6
+        f32::MAX,                    // rounds up into infinity, as ggml's bit trick does
+        f32::from_bits(0x7f80_0001), // signalling NaN: kept NaN and made quiet
+        f32::from_bits(0xffff_ffff), // NaN whose rounding would carry out of the exponent
+    ];
+    let out = quantized(GgmlType::BF16, &x);
+    let bits: Vec<u16> = out
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    assert_eq!(bits, [0x3f80, 0x3f82, 0x7f80, 0x7fc0, 0xffff]);
+}
+
+#[test]
+#[should_panic(expected = "is not a q8_0 row of 64 values")]
+fn wrong_row_length_names_type_and_count() {
+    vec_dot(GgmlType::Q8_0, 64, &[0u8; 34], &[0u8; 68]);
+}
