@@ -1,0 +1,201 @@
+//! The memory stack as the kernel sees it: zram, sysctls, earlyoom, kernel OOM kills.
+
+use crate::profile::Profile;
+use crate::render;
+
+use super::{mib, Check, Host};
+
+/// zram0 exists, is active swap, and has the profile's size and algorithm.
+pub fn zram(profile: &Profile, host: &Host) -> Check {
+    const NAME: &str = "zram";
+    let fix =
+        "check /etc/systemd/zram-generator.conf and `systemctl status systemd-zram-setup@zram0`";
+    let z = &profile.zram;
+    let Ok(disksize) = host.read("/sys/block/zram0/disksize") else {
+        return Check::fail(NAME, "no zram0 device", fix);
+    };
+    let disksize: u64 = disksize.trim().parse().unwrap_or(0);
+    let swaps = host.read("/proc/swaps").unwrap_or_default();
+    if !swaps.lines().any(|l| l.starts_with("/dev/zram0 ")) {
+        return Check::fail(NAME, "zram0 exists but is not in use as swap", fix);
+    }
+    let algorithm = host
+        .read("/sys/block/zram0/comp_algorithm")
+        .unwrap_or_default();
+    // The kernel lists every algorithm and brackets the one in use: `lzo lz4 [zstd]`.
+    let algorithm = algorithm
+        .split_whitespace()
+        .find_map(|a| a.strip_prefix('[')?.strip_suffix(']'))
+        .unwrap_or("unknown");
+    if algorithm != z.algorithm {
+        return Check::fail(
+            NAME,
+            format!(
+                "zram0 compresses with {algorithm}, the profile says {}",
+                z.algorithm
+            ),
+            fix,
+        );
+    }
+    let Some(expected) = expected_zram_bytes(profile, host) else {
+        return Check::fail(NAME, "cannot read MemTotal from /proc/meminfo", fix);
+    };
+    // zram-generator computes in MiB and the kernel rounds up to a page: allow a MiB either way.
+    if disksize.abs_diff(expected) > crate::plan::MIB {
+        return Check::fail(
+            NAME,
+            format!(
+                "zram0 holds {} MiB, the profile says {} MiB (min({}% of RAM, {} MiB))",
+                mib(disksize),
+                mib(expected),
+                z.percent_of_ram,
+                z.max_mib
+            ),
+            fix,
+        );
+    }
+    // mm_stat: orig_data_size compr_data_size mem_used_total ...
+    let stat: Vec<u64> = host
+        .read("/sys/block/zram0/mm_stat")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let usage = match stat[..] {
+        [orig, compressed, used, ..] if compressed > 0 => format!(
+            "; holds {} MiB in {} MiB of RAM (ratio {:.1})",
+            mib(orig),
+            mib(used),
+            orig as f64 / compressed as f64
+        ),
+        _ => "; empty".to_owned(),
+    };
+    Check::ok(
+        NAME,
+        format!("zram0 {} MiB {algorithm}{usage}", mib(disksize)),
+    )
+}
+
+/// The size zram-generator gives `min(ram * percent / 100, max)`, `ram` being MemTotal in MiB.
+fn expected_zram_bytes(profile: &Profile, host: &Host) -> Option<u64> {
+    let meminfo = host.read("/proc/meminfo").ok()?;
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    let share = total_kib * 1024 * profile.zram.percent_of_ram / 100;
+    Some(share.min(profile.zram.max_mib * crate::plan::MIB))
+}
+
+/// Every sysctl of the profile has its value in /proc/sys.
+pub fn sysctls(profile: &Profile, host: &Host) -> Check {
+    const NAME: &str = "sysctl";
+    let wrong: Vec<String> = profile
+        .sysctl
+        .iter()
+        .filter_map(|(key, want)| {
+            let want = want.to_string();
+            let have = host
+                .read(&format!("/proc/sys/{}", key.replace('.', "/")))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|_| "unreadable".to_owned());
+            (have != want).then(|| format!("{key} = {have} (want {want})"))
+        })
+        .collect();
+    if wrong.is_empty() {
+        Check::ok(
+            NAME,
+            format!("{} values as the profile says", profile.sysctl.len()),
+        )
+    } else {
+        Check::fail(
+            NAME,
+            wrong.join(", "),
+            "check /etc/sysctl.d/90-llm-appliance.conf, then `sysctl --system`",
+        )
+    }
+}
+
+/// earlyoom runs with exactly the arguments rendered from the profile.
+pub fn earlyoom(profile: &Profile, host: &Host) -> Check {
+    const NAME: &str = "earlyoom";
+    let want = render::earlyoom_args(profile);
+    let Some(process) = host.processes_named("earlyoom").into_iter().next() else {
+        return Check::fail(
+            NAME,
+            "earlyoom is not running",
+            "systemctl enable --now earlyoom",
+        );
+    };
+    let cmdline = host
+        .read(&format!("/proc/{}/cmdline", process.pid))
+        .unwrap_or_default();
+    let have: Vec<&str> = cmdline
+        .split('\0')
+        .filter(|a| !a.is_empty())
+        .skip(1)
+        .collect();
+    if have == want {
+        Check::ok(NAME, format!("pid {}: {}", process.pid, have.join(" ")))
+    } else {
+        Check::fail(
+            NAME,
+            format!(
+                "{} (pid {}) runs with `{}`, the profile says `{}`",
+                process.comm,
+                process.pid,
+                have.join(" "),
+                want.join(" ")
+            ),
+            "check EARLYOOM_ARGS in /etc/default/earlyoom, then `systemctl restart earlyoom`",
+        )
+    }
+}
+
+/// The kernel's OOM killer never had to act: earlyoom is meant to step in first.
+pub fn kernel_oom_kills(host: &Host) -> Check {
+    const NAME: &str = "kernel-oom";
+    let log = match host.kernel_log() {
+        Ok(log) => log,
+        Err(e) => {
+            return Check::warn(
+                NAME,
+                format!("cannot read /dev/kmsg: {e}"),
+                "run the doctor as root",
+            )
+        }
+    };
+    // "Out of memory: Killed process 1234 (name) ..." and its memory-cgroup variant.
+    let victims: Vec<&str> = log
+        .lines()
+        .filter_map(|l| {
+            l.split_once("Killed process ")?
+                .1
+                .split_once('(')?
+                .1
+                .split_once(')')
+        })
+        .map(|(name, _)| name)
+        .collect();
+    if victims.is_empty() {
+        return Check::ok(NAME, "no OOM kills since boot");
+    }
+    let server_hit = victims.contains(&crate::profile::SERVER_PROCESS);
+    Check::fail(
+        NAME,
+        format!(
+            "the kernel OOM-killed {} since boot: {}",
+            victims.len(),
+            victims.join(", ")
+        ),
+        if server_hit {
+            "the server was killed: it outgrew MemoryMax (raise server.memory.max_mib or lower ctx_size/parallel) or the box ran dry"
+        } else {
+            "earlyoom should act before the kernel: check it runs and that earlyoom.mem_term_percent fits the box"
+        },
+    )
+}

@@ -1,0 +1,266 @@
+//! The server: its unit's cgroup limits and events, its process, and whether it answers.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use crate::plan::MIB;
+use crate::profile::{Profile, SERVER_PROCESS};
+use crate::render::SERVER_UNIT;
+
+use super::{keyed_value, mib, Check, Host, Process};
+
+const JOURNAL_HINT: &str = "see `systemctl status llm-server` and `journalctl -u llm-server`";
+
+pub fn checks(profile: &Profile, host: &Host) -> Vec<Check> {
+    let mut checks = Vec::new();
+    match find(host) {
+        Err(check) => checks.push(check),
+        Ok((process, cgroup)) => {
+            checks.push(Check::ok(
+                "server",
+                format!("pid {} in {}", process.pid, cgroup),
+            ));
+            let dir = format!("/sys/fs/cgroup{cgroup}");
+            checks.push(limits(profile, host, &process, &dir));
+            checks.push(memory_events(host, &dir));
+            checks.push(footprint(profile, host, &process, &dir));
+            checks.push(cpu_throttling(host, &dir));
+        }
+    }
+    checks.push(health(profile));
+    checks
+}
+
+/// The server's process and its cgroup, which must be the unit's.
+fn find(host: &Host) -> Result<(Process, String), Check> {
+    const NAME: &str = "server";
+    let Some(process) = host.processes_named(SERVER_PROCESS).into_iter().next() else {
+        return Err(Check::fail(NAME, "llm-server is not running", JOURNAL_HINT));
+    };
+    // cgroup v2: a single line `0::/system.slice/llm-server.service`.
+    let cgroup = host
+        .read(&format!("/proc/{}/cgroup", process.pid))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        .unwrap_or_default();
+    if !cgroup.ends_with(&format!("/{SERVER_UNIT}")) {
+        return Err(Check::fail(
+            NAME,
+            format!(
+                "llm-server (pid {}) runs outside {SERVER_UNIT} (cgroup `{cgroup}`), so none of \
+                 the unit's limits apply",
+                process.pid
+            ),
+            "stop it and run `systemctl start llm-server` instead",
+        ));
+    }
+    Ok((process, cgroup))
+}
+
+/// MemoryMin/Low/High/Max and OOMScoreAdjust as the profile says.
+fn limits(profile: &Profile, host: &Host, process: &Process, dir: &str) -> Check {
+    const NAME: &str = "unit-limits";
+    let m = &profile.server.memory;
+    let mut wrong = Vec::new();
+    for (file, want_mib) in [
+        ("memory.min", m.min_mib),
+        ("memory.low", m.low_mib),
+        ("memory.high", m.high_mib),
+        ("memory.max", m.max_mib),
+    ] {
+        let have = host.read(&format!("{dir}/{file}")).unwrap_or_default();
+        let have = have.trim();
+        if have.parse::<u64>().ok() != Some(want_mib * MIB) {
+            wrong.push(format!("{file} = {have} (want {})", want_mib * MIB));
+        }
+    }
+    let adj = host
+        .read(&format!("/proc/{}/oom_score_adj", process.pid))
+        .unwrap_or_default();
+    if adj.trim().parse::<i32>().ok() != Some(profile.server.oom_score_adjust) {
+        wrong.push(format!(
+            "oom_score_adj = {} (want {})",
+            adj.trim(),
+            profile.server.oom_score_adjust
+        ));
+    }
+    if wrong.is_empty() {
+        Check::ok(
+            NAME,
+            format!(
+                "MemoryMin {} / Low {} / High {} / Max {} MiB, OOMScoreAdjust {}",
+                m.min_mib, m.low_mib, m.high_mib, m.max_mib, profile.server.oom_score_adjust
+            ),
+        )
+    } else {
+        Check::fail(
+            NAME,
+            wrong.join(", "),
+            "the installed llm-server.service differs from the profile: render it again, then \
+             `systemctl daemon-reload && systemctl restart llm-server`",
+        )
+    }
+}
+
+/// memory.events: the cgroup never ran out of memory, and how often it was throttled.
+fn memory_events(host: &Host, dir: &str) -> Check {
+    const NAME: &str = "memory-events";
+    let Ok(events) = host.read(&format!("{dir}/memory.events")) else {
+        return Check::fail(
+            NAME,
+            format!("cannot read {dir}/memory.events"),
+            JOURNAL_HINT,
+        );
+    };
+    let count = |key| keyed_value(&events, key).unwrap_or(0);
+    let (oom, kills, high) = (count("oom"), count("oom_kill"), count("high"));
+    let detail = format!("oom {oom}, oom_kill {kills}, high {high}");
+    if oom > 0 || kills > 0 {
+        Check::fail(
+            NAME,
+            detail,
+            "the server reached MemoryMax: raise server.memory.max_mib (and high_mib) or lower server.ctx_size/parallel",
+        )
+    } else if high > 0 {
+        Check::warn(
+            NAME,
+            detail,
+            "the server was throttled at MemoryHigh: raise server.memory.high_mib",
+        )
+    } else {
+        Check::ok(NAME, detail)
+    }
+}
+
+/// Resident memory, major faults, and memory maps against vm.max_map_count.
+fn footprint(profile: &Profile, host: &Host, process: &Process, dir: &str) -> Check {
+    const NAME: &str = "server-memory";
+    let pid = process.pid;
+    let rss_kib = host
+        .read(&format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0);
+    let major_faults = major_faults(&host.read(&format!("/proc/{pid}/stat")).unwrap_or_default());
+    let maps = host
+        .read(&format!("/proc/{pid}/maps"))
+        .map(|m| m.lines().count())
+        .unwrap_or(0);
+    let max_maps: usize = host
+        .read("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let current = host
+        .read(&format!("{dir}/memory.current"))
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let detail = format!(
+        "RSS {} MiB, cgroup {} MiB of MemoryHigh {} MiB, {} major faults, {maps} of {max_maps} memory maps",
+        rss_kib / 1024,
+        mib(current),
+        profile.server.memory.high_mib,
+        major_faults.map_or("?".to_owned(), |n| n.to_string()),
+    );
+    if maps * 5 > max_maps * 4 {
+        Check::fail(
+            NAME,
+            detail,
+            "the server is close to vm.max_map_count: raise it in the profile's [sysctl]",
+        )
+    } else if current * 20 > profile.server.memory.high_mib * MIB * 19 {
+        Check::warn(
+            NAME,
+            detail,
+            "the server's cgroup is within 5% of MemoryHigh: raise server.memory.high_mib",
+        )
+    } else {
+        Check::ok(NAME, detail)
+    }
+}
+
+/// Field 12 of /proc/PID/stat. The name (field 2) may contain spaces and parentheses, so count
+/// from the last `)`.
+fn major_faults(stat: &str) -> Option<u64> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().nth(9)?.parse().ok()
+}
+
+/// cpu.stat: whether the cgroup's CPU quota held the server back.
+fn cpu_throttling(host: &Host, dir: &str) -> Check {
+    const NAME: &str = "cpu-throttling";
+    let stat = host.read(&format!("{dir}/cpu.stat")).unwrap_or_default();
+    let throttled = keyed_value(&stat, "nr_throttled").unwrap_or(0);
+    let usec = keyed_value(&stat, "throttled_usec").unwrap_or(0);
+    let detail = format!("throttled {throttled} times, {} ms in all", usec / 1000);
+    if throttled > 0 {
+        Check::warn(
+            NAME,
+            detail,
+            "a CPU quota limits the server: remove CPUQuota= from llm-server.service",
+        )
+    } else {
+        Check::ok(NAME, detail)
+    }
+}
+
+/// `GET /health` on loopback answers 200.
+fn health(profile: &Profile) -> Check {
+    const NAME: &str = "health";
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, profile.server.api_port.0));
+    match get_status_line(addr, "/health") {
+        Ok(line) if line.split_whitespace().nth(1) == Some("200") => {
+            Check::ok(NAME, format!("http://{addr}/health: {line}"))
+        }
+        Ok(line) => Check::fail(NAME, format!("http://{addr}/health: {line}"), JOURNAL_HINT),
+        Err(e) => Check::fail(NAME, format!("http://{addr}/health: {e}"), JOURNAL_HINT),
+    }
+}
+
+/// The status line of a plain HTTP/1.1 GET.
+fn get_status_line(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let timeout = Duration::from_secs(5);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while head.len() < 512 && !head.ends_with(b"\r\n") {
+        if stream.read(&mut byte)? == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let line = String::from_utf8_lossy(&head).trim_end().to_owned();
+    if line.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "closed without an answer",
+        ));
+    }
+    Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn major_faults_skip_names_with_spaces_and_parentheses() {
+        let stat = "42 (llm (x) server) S 1 42 42 0 -1 4194560 1000 0 77 0 5 3";
+        assert_eq!(super::major_faults(stat), Some(77));
+    }
+}

@@ -1,0 +1,277 @@
+//! The files rendered from the shipped profile: exact text where it is short, the lines that
+//! matter where it is long, and the real tools (`nft --check`, `systemd-analyze verify`) where
+//! they are installed.
+
+use std::path::Path;
+use std::process::Command;
+
+use appliance::profile::Profile;
+use appliance::render::{self, File};
+
+fn e2_micro() -> Profile {
+    Profile::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/e2-micro.toml")).unwrap()
+}
+
+fn rendered(path: &str) -> File {
+    render::render(&e2_micro())
+        .into_iter()
+        .find(|f| f.path == path)
+        .unwrap_or_else(|| panic!("{path} is not rendered"))
+}
+
+const HEADER: &str = "# Rendered by `appliance render` from the profile `e2-micro`.\n\
+                      # Do not edit: change the profile and render again.\n";
+
+#[test]
+fn zram_generator_conf() {
+    assert_eq!(
+        rendered("/etc/systemd/zram-generator.conf").contents,
+        format!(
+            "{HEADER}\n[zram0]\nzram-size = min(ram * 50 / 100, 384)\n\
+             compression-algorithm = zstd\nswap-priority = 100\n"
+        )
+    );
+}
+
+#[test]
+fn sysctl_conf() {
+    assert_eq!(
+        rendered("/etc/sysctl.d/90-llm-appliance.conf").contents,
+        format!(
+            "{HEADER}\nkernel.panic = 10\nvm.max_map_count = 262144\nvm.overcommit_memory = 0\n\
+             vm.page-cluster = 0\nvm.swappiness = 10\nvm.vfs_cache_pressure = 50\n"
+        )
+    );
+}
+
+#[test]
+fn earlyoom_defaults() {
+    assert_eq!(
+        rendered("/etc/default/earlyoom").contents,
+        format!(
+            "{HEADER}\nEARLYOOM_ARGS='-m 42,36 -s 80,40 \
+             --avoid ^(llm-server|sshd|systemd|systemd-journal|systemd-logind|systemd-network|systemd-udevd)$ \
+             --prefer ^(apt|apt-get|dpkg|python3|perl|cc1|rustc|cargo)$'\n"
+        )
+    );
+}
+
+#[test]
+fn sshd_hostname_and_hosts() {
+    assert_eq!(
+        rendered("/etc/ssh/sshd_config.d/50-llm-appliance.conf").contents,
+        format!(
+            "{HEADER}\nPort 22\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n\
+             KbdInteractiveAuthentication no\n"
+        )
+    );
+    assert_eq!(rendered("/etc/hostname").contents, "llm-appliance\n");
+    assert!(rendered("/etc/hosts")
+        .contents
+        .contains("\n127.0.1.1\tllm-appliance\n"));
+}
+
+/// Asserts every line of `lines` appears, whole, in `text`.
+fn assert_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            text.lines().any(|l| l.trim() == *line),
+            "missing line `{line}` in:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn server_unit() {
+    let unit = rendered("/etc/systemd/system/llm-server.service").contents;
+    assert_lines(
+        &unit,
+        &[
+            "Type=notify",
+            "NotifyAccess=main",
+            "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/gemma-3-270m-q4_k_m.gguf --host 0.0.0.0 --port 8080 --ctx-size 2048 --parallel 2",
+            "Restart=always",
+            "RestartPreventExitStatus=3",
+            "StartLimitIntervalSec=0",
+            "TimeoutStartSec=600",
+            "WatchdogSec=60",
+            "OOMScoreAdjust=-900",
+            "MemoryMin=256M",
+            "MemoryLow=448M",
+            "MemoryHigh=576M",
+            "MemoryMax=640M",
+            "DynamicUser=yes",
+            "ProtectSystem=strict",
+            "ProtectHome=yes",
+            "PrivateTmp=yes",
+            "NoNewPrivileges=yes",
+            "ProtectControlGroups=yes",
+            "WantedBy=multi-user.target",
+        ],
+    );
+    // Either would hide /proc/meminfo or the cgroup files the server sizes itself against.
+    assert!(!unit.contains("ProcSubset="));
+    assert!(!unit.contains("InaccessiblePaths="));
+}
+
+#[test]
+fn ssh_key_units() {
+    let keys = rendered("/etc/systemd/system/oci-ssh-keys.service").contents;
+    assert_lines(
+        &keys,
+        &[
+            "After=network-online.target",
+            "Before=ssh.service",
+            "Type=oneshot",
+            "ExecStart=/usr/bin/curl --fail --silent --show-error --retry 10 --retry-delay 3 --retry-all-errors --connect-timeout 5 --max-time 20 -H \"Authorization: Bearer Oracle\" -o /run/oci-ssh-keys/authorized_keys http://169.254.169.254/opc/v2/instance/metadata/ssh_authorized_keys",
+            "ExecStart=/usr/bin/ssh-keygen -l -f /run/oci-ssh-keys/authorized_keys",
+            "ExecStart=/usr/bin/install -m 0600 /run/oci-ssh-keys/authorized_keys /root/.ssh/authorized_keys",
+        ],
+    );
+    let host_keys = rendered("/etc/systemd/system/ssh-host-keys.service").contents;
+    assert_lines(
+        &host_keys,
+        &[
+            "ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key",
+            "ExecStart=/usr/bin/ssh-keygen -A",
+            "WantedBy=ssh.service",
+        ],
+    );
+}
+
+#[test]
+fn nftables_ruleset_lines() {
+    let rules = rendered("/etc/nftables.conf");
+    assert_eq!(rules.mode, 0o755);
+    assert!(rules.contents.starts_with("#!/usr/sbin/nft -f\n"));
+    assert_lines(
+        &rules.contents,
+        &[
+            "flush ruleset",
+            "type filter hook input priority filter; policy drop;",
+            "type filter hook forward priority filter; policy drop;",
+            "type filter hook output priority filter; policy drop;",
+            "iif \"lo\" accept",
+            "ct state established,related accept",
+            "elements = { 0.0.0.0/0 }",
+            "elements = { ::/0 }",
+            "elements = { 169.254.169.254/32 }",
+            "tcp dport 22 ip saddr @ssh_v4 accept",
+            "tcp dport 22 ip6 saddr @ssh_v6 accept",
+            "tcp dport 8080 ip saddr @api_v4 accept",
+            "tcp dport 8080 ip6 saddr @api_v6 accept",
+            "ip daddr @egress_v4 accept",
+        ],
+    );
+}
+
+fn tool(name: &str) -> bool {
+    Command::new(name).arg("--version").output().is_ok()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
+
+/// `nft --check` parses and resolves the ruleset without loading it (it needs root for netlink).
+fn nft_check(ruleset: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nftables.conf");
+    std::fs::write(&path, ruleset).unwrap();
+    Command::new("nft")
+        .arg("--check")
+        .arg("-f")
+        .arg(&path)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn nft_accepts_the_ruleset() {
+    if !tool("nft") || !is_root() {
+        eprintln!("skipped: needs root and nft (apt-get install nftables)");
+        return;
+    }
+    let rules = rendered("/etc/nftables.conf").contents;
+    let out = nft_check(&rules);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The check is real: a port out of range in the same ruleset is refused.
+    let broken = rules.replace("tcp dport 8080 ip saddr", "tcp dport 80800 ip saddr");
+    assert!(!nft_check(&broken).status.success());
+    // And so are profiles with networks of only one family (empty sets stay valid).
+    let mut v4_only = e2_micro();
+    v4_only.network.api_cidrs.retain(|c| c.is_ipv4());
+    v4_only.network.ssh_cidrs = vec!["192.0.2.0/24".parse().unwrap()];
+    let rules = render::render(&v4_only)
+        .into_iter()
+        .find(|f| f.path == "/etc/nftables.conf")
+        .unwrap()
+        .contents;
+    let out = nft_check(&rules);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn systemd_analyze_verifies_the_units() {
+    if !tool("systemd-analyze") {
+        eprintln!("skipped: systemd-analyze is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // verify insists that ExecStart's binary exists: point it at a stand-in, the rest as is.
+    let stand_in = dir.path().join("llm-server");
+    std::fs::copy("/bin/true", &stand_in).unwrap();
+    let mut units = Vec::new();
+    for file in render::render(&e2_micro()) {
+        if !file.path.starts_with("/etc/systemd/system/") {
+            continue;
+        }
+        let name = Path::new(file.path).file_name().unwrap();
+        let path = dir.path().join(name);
+        let text = file
+            .contents
+            .replace(render::SERVER_BINARY, stand_in.to_str().unwrap());
+        std::fs::write(&path, text).unwrap();
+        units.push(path);
+    }
+    assert_eq!(units.len(), 3);
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(&units)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn write_mirrors_the_root_file_system() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let files = render::render(&e2_micro());
+    let written = render::write(&files, dir.path()).unwrap();
+    assert_eq!(written.len(), files.len());
+    let nft = dir.path().join("etc/nftables.conf");
+    assert_eq!(
+        std::fs::metadata(&nft).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    let profile =
+        std::fs::read_to_string(dir.path().join("etc/llm-appliance/profile.toml")).unwrap();
+    assert_eq!(profile, include_str!("../profiles/e2-micro.toml"));
+}
