@@ -1,0 +1,107 @@
+//! Our `dequantize_row` against gguf-py's `gguf.quants.dequantize` (an independent numpy
+//! implementation), on real rows of every tensor type llama.cpp wrote into the golden synth models.
+//! Needs `python3` with the `gguf` and `numpy` modules; it fails (never skips) without them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use llm_server::gguf::Gguf;
+use llm_server::quant::{dequantize_row, GgmlType};
+
+const SYNTH_DIR: &str = "/work/shared/golden/synth";
+
+/// Files whose tensors together cover every weight type we support.
+const FILES: &[&str] = &[
+    "synth-llama-f32.gguf",
+    "synth-llama-f16.gguf",
+    "synth-llama-bf16.gguf",
+    "synth-llama-q8_0.gguf",
+    "synth-llama-q4_0.gguf",
+    "synth-llama-q5_0.gguf",
+    "synth-llama-q4_k_m.gguf",
+    "synth-llama-q5_k_m.gguf",
+    "synth-llama-q6_k.gguf",
+    "synth-llama-iq4_nl.gguf",
+    "synth-llama-iq4_xs.gguf",
+];
+
+/// Prints, as little-endian f32, each requested `name@row` dequantised by gguf-py.
+const DEQUANTIZE_PY: &str = r#"
+import sys
+try:
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+except ImportError as e:
+    sys.exit(f"missing Python module ({e}): run `python3 -m pip install gguf numpy`")
+path, requests = sys.argv[1], sys.argv[2:]
+tensors = {t.name: t for t in GGUFReader(path).tensors}
+for request in requests:
+    name, row = request.rsplit("@", 1)
+    t = tensors[name]
+    values = dequantize(t.data, t.tensor_type).reshape(-1, int(t.shape[0]))[int(row)]
+    sys.stdout.buffer.write(values.astype("<f4").tobytes())
+"#;
+
+/// gguf-py's dequantisation of the rows `(tensor name, row index)`, concatenated.
+fn gguf_py_rows(path: &Path, rows: &[(&str, usize)]) -> Vec<f32> {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(DEQUANTIZE_PY)
+        .arg(path)
+        .args(rows.iter().map(|(name, row)| format!("{name}@{row}")))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run python3 ({e}): install Python 3, then `python3 -m pip install gguf numpy`")
+        });
+    assert!(
+        out.status.success(),
+        "gguf-py failed on {}: {}\n(if a module is missing: `python3 -m pip install gguf numpy`)",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn dequantize_row_matches_gguf_py_for_every_type() {
+    let mut covered: Vec<GgmlType> = Vec::new();
+    for file in FILES {
+        let path = PathBuf::from(SYNTH_DIR).join(file);
+        let g = Gguf::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // The first and last rows of the first tensor of each type in the file.
+        let mut rows: Vec<(&str, usize)> = Vec::new();
+        for t in &g.tensors {
+            if !rows.iter().any(|(name, _)| g.tensor(name).unwrap().ty() == t.ty) {
+                rows.extend([(t.name.as_str(), 0), (t.name.as_str(), t.n_rows() - 1)]);
+            }
+        }
+        let theirs = gguf_py_rows(&path, &rows);
+        let mut at = 0;
+        for (name, r) in rows {
+            let tensor = g.tensor(name).unwrap();
+            let (ty, n) = (tensor.ty(), tensor.info.row_len());
+            let mut ours = vec![0f32; n];
+            dequantize_row(ty, tensor.row(r), &mut ours);
+            let reference = &theirs[at..at + n];
+            at += n;
+            let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in ours.iter().zip(reference).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6 * scale,
+                    "{file} {name} ({ty}) row {r} value {i}: ours {a}, gguf-py {b}"
+                );
+            }
+            if !covered.contains(&ty) {
+                covered.push(ty);
+            }
+        }
+        assert_eq!(at, theirs.len(), "{file}: gguf-py returned more values than asked for");
+    }
+    for ty in GgmlType::SUPPORTED {
+        assert!(covered.contains(&ty), "no {ty} tensor in the synth models was compared");
+    }
+}
