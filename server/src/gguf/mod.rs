@@ -24,19 +24,19 @@ pub enum GgufError {
     BadMagic(Vec<u8>),
     #[error("GGUF version {0} is not supported (versions 2 and 3 are); re-convert the model with a current llama.cpp")]
     BadVersion(u32),
-    #[error("truncated GGUF file: {0}; the download or copy is probably incomplete")]
+    #[error("truncated GGUF file: {0}; the download or copy is probably incomplete: fetch the file again")]
     Truncated(String),
-    #[error("malformed GGUF file: {0}")]
+    #[error("malformed GGUF file: {0}; {CORRUPT_FIX}")]
     Malformed(String),
-    #[error("tensor out of bounds: {0}; the file is corrupt or truncated")]
+    #[error("tensor out of bounds: {0}; the file is corrupt or truncated: fetch it again, or re-convert it if it was written by a non-conforming tool")]
     OutOfBounds(String),
-    #[error("tensor `{tensor}` has type {} (ggml id {id}), which is not supported; supported types: {}", name.unwrap_or("unknown"), supported_types())]
+    #[error("tensor `{tensor}` has type {} (ggml id {id}), which is not supported; supported types: {}; re-quantize the model to one of them (e.g. llama-quantize ... Q4_K_M)", name.unwrap_or("unknown"), supported_types())]
     UnsupportedType {
         tensor: String,
         id: u32,
         name: Option<&'static str>,
     },
-    #[error("tensor `{tensor}` has a bad shape: {why}")]
+    #[error("tensor `{tensor}` has a bad shape: {why}; {CORRUPT_FIX}")]
     Shape { tensor: String, why: String },
     #[error("metadata key `{0}` is missing; the file was not written by a converter this engine understands")]
     MissingKey(String),
@@ -49,6 +49,9 @@ pub enum GgufError {
     #[error("tensor `{0}` is missing from the model file")]
     MissingTensor(String),
 }
+
+/// The fix for structural damage the reader cannot attribute to truncation.
+const CORRUPT_FIX: &str = "the file is corrupt or was written by a non-conforming tool: fetch it again or re-convert it with a current llama.cpp";
 
 fn supported_types() -> String {
     GgmlType::SUPPORTED.map(GgmlType::name).join(", ")

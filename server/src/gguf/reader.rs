@@ -96,10 +96,13 @@ impl<'a> Cursor<'a> {
 
 /// Parses the header of a GGUF file held in `bytes` and checks every tensor against the data.
 pub fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
+    // A file shorter than the magic is truncated if what it has is the start of "GGUF", and
+    // not a GGUF file at all otherwise.
+    if bytes.len() < MAGIC.len() && !MAGIC.starts_with(bytes) {
+        return Err(GgufError::BadMagic(bytes.to_vec()));
+    }
     let mut c = Cursor { bytes, pos: 0 };
-    let magic = c
-        .array::<4>("magic")
-        .map_err(|_| GgufError::BadMagic(bytes.to_vec()))?;
+    let magic = c.array::<4>("the magic \"GGUF\"")?;
     if &magic != MAGIC {
         return Err(GgufError::BadMagic(magic.to_vec()));
     }
@@ -137,11 +140,7 @@ pub fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
     for i in 0..n_tensors {
         infos.push(read_tensor_info(&mut c, i)?);
     }
-    let data_start = c
-        .pos
-        .div_ceil(alignment)
-        .checked_mul(alignment)
-        .unwrap_or(usize::MAX);
+    let data_start = c.pos.div_ceil(alignment).saturating_mul(alignment);
     if data_start > bytes.len() && n_tensors > 0 {
         return Err(GgufError::Truncated(format!(
             "the tensor data would start at offset {data_start} but the file has {} bytes",
@@ -260,9 +259,10 @@ fn read_tensor_info(c: &mut Cursor, i: usize) -> Result<RawTensorInfo, GgufError
     let name = c.string(&format!("name of tensor #{i}"))?;
     let n_dims = c.u32(&format!("dimension count of `{name}`"))? as usize;
     if n_dims == 0 || n_dims > MAX_DIMS {
-        return Err(GgufError::Malformed(format!(
-            "tensor `{name}` has {n_dims} dimensions; ggml allows 1 to {MAX_DIMS}"
-        )));
+        return Err(GgufError::Shape {
+            tensor: name,
+            why: format!("it has {n_dims} dimensions; ggml allows 1 to {MAX_DIMS}"),
+        });
     }
     let mut dims = Vec::with_capacity(n_dims);
     for d in 0..n_dims {
@@ -296,10 +296,10 @@ fn check_tensor(
     };
     let mut dims = Vec::with_capacity(raw.dims.len());
     let mut count: usize = 1;
-    for &d in &raw.dims {
+    for (i, &d) in raw.dims.iter().enumerate() {
         let d = usize::try_from(d).ok().filter(|&d| d > 0).ok_or_else(|| {
             shape_err(format!(
-                "dimension {d} is out of range (shape {:?})",
+                "dimension {i} is {d}; every dimension must be at least 1 (shape {:?})",
                 raw.dims
             ))
         })?;
@@ -308,16 +308,17 @@ fn check_tensor(
             .ok_or_else(|| shape_err(format!("element count overflows (shape {:?})", raw.dims)))?;
         dims.push(d);
     }
-    let row_bytes = ty.row_bytes(dims[0]).ok_or_else(|| {
-        shape_err(format!(
+    if dims[0] % ty.block_len() != 0 {
+        return Err(shape_err(format!(
             "rows of {} values are not a whole number of {ty} blocks of {}",
             dims[0],
             ty.block_len()
-        ))
-    })?;
-    let size = (count / dims[0])
-        .checked_mul(row_bytes)
-        .ok_or_else(|| shape_err("byte size overflows".into()))?;
+        )));
+    }
+    let size = ty
+        .row_bytes(dims[0])
+        .and_then(|row_bytes| row_bytes.checked_mul(count / dims[0]))
+        .ok_or_else(|| shape_err(format!("byte size overflows (shape {:?})", raw.dims)))?;
     let rel = usize::try_from(raw.offset).unwrap_or(usize::MAX);
     if rel % alignment != 0 {
         return Err(GgufError::OutOfBounds(format!(
