@@ -1,0 +1,327 @@
+//! `appliance doctor` against fake /proc and /sys trees: a box set up as the profile says is
+//! green, and each way of breaking it fails the check that names it.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use appliance::doctor::{self, Host, Status};
+use appliance::profile::{Port, Profile};
+use appliance::render;
+
+const CGROUP: &str = "sys/fs/cgroup/system.slice/llm-server.service";
+
+/// A fake root file system holding what a healthy e2-micro box shows, and a loopback server
+/// answering `/health` with `status`.
+struct FakeBox {
+    root: tempfile::TempDir,
+    profile: Profile,
+}
+
+impl FakeBox {
+    fn healthy() -> FakeBox {
+        let mut profile =
+            Profile::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/e2-micro.toml"))
+                .unwrap();
+        profile.server.api_port = Port(serve_health("200 OK"));
+        let fake = FakeBox {
+            root: tempfile::tempdir().unwrap(),
+            profile,
+        };
+        // 1 GB guest: MemTotal a little under 1 GiB, so zram is capped at 384 MiB.
+        fake.write(
+            "proc/meminfo",
+            "MemTotal:        1000000 kB\nMemFree: 1 kB\n",
+        );
+        fake.write(
+            "proc/swaps",
+            "Filename\tType\tSize\tUsed\tPriority\n/dev/zram0 partition\t393212\t0\t100\n",
+        );
+        fake.write("sys/block/zram0/disksize", &(384u64 << 20).to_string());
+        fake.write(
+            "sys/block/zram0/comp_algorithm",
+            "lzo lzo-rle lz4 lz4hc 842 [zstd]\n",
+        );
+        fake.write(
+            "sys/block/zram0/mm_stat",
+            "104857600 34952533 36700160 0 36700160 12 0 0 0\n",
+        );
+        for (key, value) in &fake.profile.sysctl {
+            fake.write(
+                &format!("proc/sys/{}", key.replace('.', "/")),
+                &format!("{value}\n"),
+            );
+        }
+        let earlyoom: String = std::iter::once("/usr/bin/earlyoom".to_owned())
+            .chain(render::earlyoom_args(&fake.profile))
+            .map(|a| a + "\0")
+            .collect();
+        fake.write("proc/310/comm", "earlyoom\n");
+        fake.write("proc/310/cmdline", &earlyoom);
+        fake.write("proc/420/comm", "llm-server\n");
+        fake.write("proc/420/cgroup", "0::/system.slice/llm-server.service\n");
+        fake.write("proc/420/oom_score_adj", "-900\n");
+        fake.write(
+            "proc/420/status",
+            "Name:\tllm-server\nVmRSS:\t  312000 kB\n",
+        );
+        fake.write(
+            "proc/420/stat",
+            "420 (llm-server) S 1 420 420 0 -1 4194560 9000 0 61 0 50 30",
+        );
+        fake.write("proc/420/maps", &"7f00-7f01 r--p 0 00:00 0\n".repeat(120));
+        fake.write(
+            "proc/cpuinfo",
+            "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 bmi1 bmi2 f16c fma abm movbe xsave\n",
+        );
+        for (file, mib) in [("min", 256u64), ("low", 448), ("high", 576), ("max", 640)] {
+            fake.write(
+                &format!("{CGROUP}/memory.{file}"),
+                &format!("{}\n", mib << 20),
+            );
+        }
+        fake.write(
+            &format!("{CGROUP}/memory.current"),
+            &format!("{}\n", 430u64 << 20),
+        );
+        fake.write(
+            &format!("{CGROUP}/memory.events"),
+            "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
+        );
+        fake.write(
+            &format!("{CGROUP}/cpu.stat"),
+            "usage_usec 100\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n",
+        );
+        fake.write(
+            "dev/kmsg",
+            "6,1,100,-;Linux version 6.1.0\n6,2,200,-;zram0: detected capacity change\n",
+        );
+        fake
+    }
+
+    fn write(&self, path: &str, text: &str) {
+        let path = self.root.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    fn path(&self) -> PathBuf {
+        self.root.path().to_owned()
+    }
+
+    /// The status of check `name`, asserting it ran.
+    fn status(&self, name: &str) -> Status {
+        let report = doctor::examine(&self.profile, &Host::new(self.path()));
+        let check = report
+            .check(name)
+            .unwrap_or_else(|| panic!("no check {name}"));
+        assert_eq!(
+            report.healthy(),
+            report.checks.iter().all(|c| c.status != Status::Fail)
+        );
+        if check.status != Status::Ok {
+            assert!(
+                check.fix.is_some(),
+                "{name} fails without saying how to fix it"
+            );
+        }
+        check.status
+    }
+}
+
+/// A one-shot-per-connection HTTP server on loopback; returns its port.
+fn serve_health(status: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let _ = write!(stream, "HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    port
+}
+
+#[test]
+fn a_box_set_up_as_the_profile_says_is_healthy() {
+    let fake = FakeBox::healthy();
+    let report = doctor::examine(&fake.profile, &Host::new(fake.path()));
+    for check in &report.checks {
+        assert_eq!(check.status, Status::Ok, "{check:?}");
+    }
+    let names: Vec<&str> = report.checks.iter().map(|c| c.name).collect();
+    assert_eq!(
+        names,
+        [
+            "zram",
+            "sysctl",
+            "earlyoom",
+            "kernel-oom",
+            "cpu",
+            "server",
+            "unit-limits",
+            "memory-events",
+            "server-memory",
+            "cpu-throttling",
+            "health"
+        ]
+    );
+    assert!(report.check("zram").unwrap().detail.contains("ratio 3.0"));
+    assert!(report
+        .check("server-memory")
+        .unwrap()
+        .detail
+        .contains("61 major faults, 120 of 262144"));
+}
+
+#[test]
+fn zram_with_the_wrong_algorithm_size_or_not_swapping_fails() {
+    let fake = FakeBox::healthy();
+    fake.write("sys/block/zram0/comp_algorithm", "lzo [lz4] zstd\n");
+    assert_eq!(fake.status("zram"), Status::Fail);
+    let fake = FakeBox::healthy();
+    fake.write("sys/block/zram0/disksize", &(488u64 << 20).to_string());
+    assert_eq!(fake.status("zram"), Status::Fail);
+    let fake = FakeBox::healthy();
+    fake.write("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
+    assert_eq!(fake.status("zram"), Status::Fail);
+}
+
+#[test]
+fn a_sysctl_off_the_profile_fails() {
+    let fake = FakeBox::healthy();
+    fake.write("proc/sys/vm/swappiness", "60\n");
+    assert_eq!(fake.status("sysctl"), Status::Fail);
+}
+
+#[test]
+fn earlyoom_missing_or_with_other_arguments_fails() {
+    let fake = FakeBox::healthy();
+    fake.write("proc/310/cmdline", "/usr/bin/earlyoom\0-m\010\0");
+    assert_eq!(fake.status("earlyoom"), Status::Fail);
+    let fake = FakeBox::healthy();
+    fake.write("proc/310/comm", "bash\n");
+    assert_eq!(fake.status("earlyoom"), Status::Fail);
+}
+
+#[test]
+fn a_kernel_oom_kill_fails() {
+    let fake = FakeBox::healthy();
+    fake.write(
+        "dev/kmsg",
+        "3,9,300,-;Out of memory: Killed process 777 (hog) total-vm:900000kB, anon-rss:800000kB\n",
+    );
+    assert_eq!(fake.status("kernel-oom"), Status::Fail);
+}
+
+#[test]
+fn a_cpu_without_avx2_fails() {
+    let fake = FakeBox::healthy();
+    fake.write("proc/cpuinfo", "flags\t\t: fpu sse2 avx\n");
+    assert_eq!(fake.status("cpu"), Status::Fail);
+}
+
+#[test]
+fn a_server_outside_its_unit_or_absent_fails() {
+    let fake = FakeBox::healthy();
+    fake.write("proc/420/cgroup", "0::/user.slice/session-1.scope\n");
+    assert_eq!(fake.status("server"), Status::Fail);
+    let fake = FakeBox::healthy();
+    fake.write("proc/420/comm", "sleep\n");
+    assert_eq!(fake.status("server"), Status::Fail);
+}
+
+#[test]
+fn limits_off_the_profile_fail() {
+    let fake = FakeBox::healthy();
+    fake.write(&format!("{CGROUP}/memory.max"), "max\n");
+    assert_eq!(fake.status("unit-limits"), Status::Fail);
+    let fake = FakeBox::healthy();
+    fake.write("proc/420/oom_score_adj", "0\n");
+    assert_eq!(fake.status("unit-limits"), Status::Fail);
+}
+
+#[test]
+fn memory_events_fail_on_oom_and_warn_on_throttling() {
+    let fake = FakeBox::healthy();
+    fake.write(
+        &format!("{CGROUP}/memory.events"),
+        "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n",
+    );
+    assert_eq!(fake.status("memory-events"), Status::Fail);
+    let fake = FakeBox::healthy();
+    fake.write(
+        &format!("{CGROUP}/memory.events"),
+        "low 0\nhigh 12\nmax 0\noom 0\noom_kill 0\n",
+    );
+    assert_eq!(fake.status("memory-events"), Status::Warn);
+}
+
+#[test]
+fn too_many_memory_maps_fail_and_a_cgroup_near_its_ceiling_warns() {
+    let fake = FakeBox::healthy();
+    fake.write("proc/sys/vm/max_map_count", "130\n");
+    assert_eq!(fake.status("server-memory"), Status::Fail);
+    let fake = FakeBox::healthy();
+    fake.write(
+        &format!("{CGROUP}/memory.current"),
+        &format!("{}\n", 570u64 << 20),
+    );
+    assert_eq!(fake.status("server-memory"), Status::Warn);
+}
+
+#[test]
+fn cpu_throttling_warns() {
+    let fake = FakeBox::healthy();
+    fake.write(
+        &format!("{CGROUP}/cpu.stat"),
+        "nr_periods 10\nnr_throttled 4\nthrottled_usec 9000\n",
+    );
+    assert_eq!(fake.status("cpu-throttling"), Status::Warn);
+}
+
+#[test]
+fn health_fails_when_the_server_errs_or_is_not_listening() {
+    let mut fake = FakeBox::healthy();
+    fake.profile.server.api_port = Port(serve_health("503 Service Unavailable"));
+    assert_eq!(fake.status("health"), Status::Fail);
+    // A port nothing listens on: bind one, then free it.
+    let unused = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    fake.profile.server.api_port = Port(unused);
+    assert_eq!(fake.status("health"), Status::Fail);
+}
+
+#[test]
+fn the_command_exits_non_zero_and_prints_json_when_something_is_off() {
+    let fake = FakeBox::healthy();
+    fake.write("proc/sys/vm/swappiness", "60\n");
+    let profile = fake.path().join("profile.toml");
+    std::fs::write(&profile, &fake.profile.source).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_appliance"))
+        .args(["doctor", "--json", "--profile"])
+        .arg(&profile)
+        .arg("--root")
+        .arg(fake.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["healthy"], false);
+    let sysctl = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "sysctl")
+        .unwrap();
+    assert_eq!(sysctl["status"], "fail");
+    assert!(sysctl["detail"]
+        .as_str()
+        .unwrap()
+        .contains("vm.swappiness = 60 (want 10)"));
+}
