@@ -199,7 +199,7 @@ fn a_sysctl_off_the_profile_fails() {
 #[test]
 fn earlyoom_missing_or_with_other_arguments_fails() {
     let fake = FakeBox::healthy();
-    fake.write("proc/310/cmdline", "/usr/bin/earlyoom\0-m\010\0");
+    fake.write("proc/310/cmdline", "/usr/bin/earlyoom\0-m\x0010\0");
     assert_eq!(fake.status("earlyoom"), Status::Fail);
     let fake = FakeBox::healthy();
     fake.write("proc/310/comm", "bash\n");
