@@ -3,5 +3,10 @@
 pub mod cpu;
 pub mod gguf;
 pub mod limits;
+pub mod model;
+pub mod plan;
 pub mod quant;
+pub mod sampler;
+pub mod serve;
+pub mod threads;
 pub mod tokenizer;

@@ -1,0 +1,112 @@
+//! Matrix × activations: activations are quantised once into the weight type's dot format,
+//! then output rows are spread over the pool; each weight row is read once per batch.
+
+use super::weights::Mat;
+use crate::quant::{quantize_row, vec_dot, vec_dot_type, GgmlType};
+use crate::threads::Pool;
+
+/// Activation formats, each with its own buffer so one input can feed weights of several types.
+const ACT_TYPES: [GgmlType; 5] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q8_K,
+];
+
+fn slot(ty: GgmlType) -> usize {
+    ACT_TYPES
+        .iter()
+        .position(|&t| t == ty)
+        .expect("vec_dot_type returns an activation format")
+}
+
+/// Quantised copies of the current input, one per activation format, allocated once.
+pub struct Acts {
+    bufs: [Vec<u8>; 5],
+    valid: [bool; 5],
+}
+
+impl Acts {
+    /// Buffers large enough for `n_tokens` rows of the widest input of every matrix.
+    pub fn new<'a>(mats: impl Iterator<Item = &'a Mat>, n_tokens: usize) -> Acts {
+        Acts {
+            bufs: sizes(mats, n_tokens).map(|n| vec![0u8; n]),
+            valid: [false; 5],
+        }
+    }
+
+    /// Bytes [`Acts::new`] allocates.
+    pub fn bytes_for<'a>(mats: impl Iterator<Item = &'a Mat>, n_tokens: usize) -> usize {
+        sizes(mats, n_tokens).iter().sum()
+    }
+
+    /// Marks the buffers stale: the next [`Acts::get`] quantises the new input.
+    pub fn invalidate(&mut self) {
+        self.valid = [false; 5];
+    }
+
+    /// `x` (n rows of `cols`) in the dot format of weights of type `w`.
+    pub fn get(&mut self, w: GgmlType, x: &[f32], n: usize, cols: usize) -> &[u8] {
+        let act = vec_dot_type(w);
+        let s = slot(act);
+        let row = act.row_bytes(cols).expect("matrix widths are whole blocks");
+        let buf = &mut self.bufs[s][..row * n];
+        if !self.valid[s] {
+            for (xr, out) in x[..n * cols]
+                .chunks_exact(cols)
+                .zip(buf.chunks_exact_mut(row))
+            {
+                quantize_row(act, xr, out);
+            }
+            self.valid[s] = true;
+        }
+        &self.bufs[s][..row * n]
+    }
+}
+
+fn sizes<'a>(mats: impl Iterator<Item = &'a Mat>, n_tokens: usize) -> [usize; 5] {
+    let mut sizes = [0usize; 5];
+    for m in mats {
+        let act = vec_dot_type(m.ty);
+        let row = act
+            .row_bytes(m.cols)
+            .expect("matrix widths are whole blocks");
+        sizes[slot(act)] = sizes[slot(act)].max(row * n_tokens);
+    }
+    sizes
+}
+
+/// A raw pointer that tasks writing disjoint elements may share.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: every task writes a disjoint set of indices (its own rows).
+unsafe impl Sync for SharedOut {}
+unsafe impl Send for SharedOut {}
+
+/// `out[t * w.rows + r] = dot(w.row(r), act_t)` for the n activation rows in `acts`.
+pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mut [f32]) {
+    assert!(
+        out.len() >= n * w.rows,
+        "output buffer too small for {}",
+        w.name
+    );
+    let act_row = acts.len() / n;
+    let data = w.data(file);
+    let dst = SharedOut(out.as_mut_ptr());
+    let rows = w.rows;
+    // Enough chunks for dynamic balancing, few enough that the shared counter stays cold.
+    let chunk = (rows / (pool.threads() * 16)).clamp(16, 4096);
+    pool.for_chunks(rows, chunk, &|_, range| {
+        let dst = dst;
+        for r in range {
+            let wrow = &data[r * w.row_bytes..(r + 1) * w.row_bytes];
+            for t in 0..n {
+                let a = &acts[t * act_row..(t + 1) * act_row];
+                let v = vec_dot(w.ty, w.cols, wrow, a);
+                // SAFETY: row r belongs to this chunk only; index < n * rows <= out.len().
+                unsafe { *dst.0.add(t * rows + r) = v };
+            }
+        }
+    });
+}

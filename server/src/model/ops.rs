@@ -1,0 +1,174 @@
+//! Element-wise and row operations of the forward pass, each doing llama.cpp's arithmetic
+//! (accumulation types, rounding points) so logits agree to well within 0.05.
+
+use std::sync::OnceLock;
+
+use half::f16;
+
+/// `out = x / sqrt(mean(x²) + eps) * w`. The sum of squares is accumulated in f64 and the two
+/// multiplications are rounded separately, as ggml's `rms_norm` followed by `mul` does.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * w;
+    }
+}
+
+/// [`rms_norm`] in place.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (v, &w) in x.iter_mut().zip(w) {
+        *v = (*v * scale) * w;
+    }
+}
+
+/// cos/sin of every rotary pair for one position, computed as `ggml_rope_cache_init` does:
+/// theta starts at the position and is stepped by repeated multiplication (not `powf` per
+/// pair), and optional per-pair frequency factors divide it (Llama 3 `rope_freqs`).
+pub fn rope_cache(
+    pos: usize,
+    n_rot: usize,
+    base: f32,
+    freq_factors: Option<&[f32]>,
+    cs: &mut [(f32, f32)],
+) {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos as f32;
+    for (i, c) in cs[..n_rot / 2].iter_mut().enumerate() {
+        let ff = freq_factors.map_or(1.0, |f| f[i]);
+        let t = theta / ff;
+        *c = (t.cos(), t.sin());
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates one head in place with the pairs' (cos, sin).
+pub fn rope_neox(head: &mut [f32], n_rot: usize, cs: &[(f32, f32)]) {
+    let half = n_rot / 2;
+    for (i, &(c, s)) in cs[..half].iter().enumerate() {
+        let (x0, x1) = (head[i], head[i + half]);
+        head[i] = x0 * c - x1 * s;
+        head[i + half] = x0 * s + x1 * c;
+    }
+}
+
+pub fn rope_normal(head: &mut [f32], n_rot: usize, cs: &[(f32, f32)]) {
+    for (i, &(c, s)) in cs[..n_rot / 2].iter().enumerate() {
+        let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+        head[2 * i] = x0 * c - x1 * s;
+        head[2 * i + 1] = x0 * s + x1 * c;
+    }
+}
+
+/// ggml's GELU-tanh table: the f16 result for every f16 input. ggml's CPU backend evaluates
+/// GELU through it (`GGML_GELU_FP16`); exact tanh would differ from llama.cpp by up to ~0.07.
+fn gelu_table() -> &'static [f16] {
+    static TABLE: OnceLock<Vec<f16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        const COEF_A: f32 = 0.044715;
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = f16::from_bits(bits).to_f32();
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+                f16::from_f32(y)
+            })
+            .collect()
+    })
+}
+
+/// `gate = gelu(gate) * up`, as ggml's `geglu`.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    let table = gelu_table();
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            table[f16::from_f32(x).to_bits() as usize].to_f32() * u
+        };
+    }
+}
+
+/// `gate = silu(gate) * up`, as ggml's `swiglu`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = x / (1.0 + (-x).exp()) * u;
+    }
+}
+
+/// Softmax in place; the sum is accumulated in f64 as ggml does.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Builds the GELU table ahead of the first token so the decode loop never allocates.
+pub fn warm_up() {
+    gelu_table();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_of_constant_row_is_the_weight() {
+        let x = [3.0f32; 8];
+        let w = [0.5f32; 8];
+        let mut out = [0f32; 8];
+        rms_norm(&x, &w, 0.0, &mut out);
+        assert!(out.iter().all(|&v| (v - 0.5).abs() < 1e-6), "{out:?}");
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm_later() {
+        let mut cs = [(0f32, 0f32); 4];
+        let orig = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        rope_cache(0, 8, 10_000.0, None, &mut cs);
+        let mut h = orig;
+        rope_neox(&mut h, 8, &cs);
+        assert_eq!(h, orig);
+        rope_cache(17, 8, 10_000.0, None, &mut cs);
+        for rot in [rope_neox, rope_normal] {
+            let mut h = orig;
+            rot(&mut h, 8, &cs);
+            let n0: f32 = orig.iter().map(|v| v * v).sum();
+            let n1: f32 = h.iter().map(|v| v * v).sum();
+            assert!((n0 - n1).abs() < 1e-3 && h != orig);
+        }
+    }
+
+    #[test]
+    fn geglu_matches_gelu_tanh_through_f16() {
+        let mut g = [-11.0f32, -1.0, 0.0, 0.5, 2.0, 12.0];
+        geglu(&mut g, &[1.0; 6]);
+        assert_eq!(g[0], 0.0);
+        assert_eq!(g[2], 0.0);
+        assert_eq!(g[5], 12.0);
+        assert!((g[1] - -0.158_808).abs() < 1e-3, "{}", g[1]);
+        assert!((g[4] - 1.954_597).abs() < 2e-3, "{}", g[4]);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = [1.0f32, 2.0, 3.0, -1e30];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6 && x[3] == 0.0);
+    }
+}

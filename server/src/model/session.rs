@@ -1,0 +1,450 @@
+//! A session: one conversation's KV cache and scratch, allocated once, and the forward pass.
+//! Nothing here allocates after [`Session::new`].
+
+use half::f16;
+
+use super::config::Config;
+use super::config::RopeStyle;
+use super::kv_cache::{KvCache, UBATCH};
+use super::matmul::{matmul, Acts};
+use super::ops;
+use super::weights::Weights;
+use super::{Model, ModelError};
+use crate::quant::dequantize_row;
+
+/// Per-token working memory for one micro-batch of up to [`UBATCH`] tokens.
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    acts: Acts,
+    logits: Vec<f32>,
+    /// Per thread: attention scores over the context, and the f16-rounded query head.
+    scores: Vec<f32>,
+    qh: Vec<f32>,
+    /// Per token: RoPE (cos, sin) for global and for sliding-window layers.
+    rope_global: Vec<(f32, f32)>,
+    rope_local: Vec<(f32, f32)>,
+}
+
+/// Lengths (in f32) of the per-micro-batch and per-thread buffers: one source for both the
+/// allocation and the memory planner.
+struct Lens {
+    embd: usize,
+    q: usize,
+    kv: usize,
+    ff: usize,
+    logits: usize,
+    scores: usize,
+    qh: usize,
+    rope: usize,
+}
+
+impl Lens {
+    fn new(c: &Config, threads: usize, n_ctx: usize) -> Lens {
+        let b = UBATCH;
+        Lens {
+            embd: b * c.n_embd,
+            q: b * c.q_dim(),
+            kv: b * c.kv_dim(),
+            ff: b * c.n_ff,
+            logits: c.n_vocab,
+            scores: threads * n_ctx,
+            qh: threads * c.head_dim,
+            rope: b * c.n_rot / 2,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        4 * (4 * self.embd
+            + 3 * self.q
+            + 2 * self.kv
+            + 2 * self.ff
+            + self.logits
+            + self.scores
+            + self.qh)
+            + 2 * 8 * self.rope
+    }
+}
+
+impl Scratch {
+    fn new(c: &Config, w: &Weights, threads: usize, n_ctx: usize) -> Scratch {
+        let n = Lens::new(c, threads, n_ctx);
+        let z = |len| vec![0f32; len];
+        Scratch {
+            x: z(n.embd),
+            xn: z(n.embd),
+            q: z(n.q),
+            k: z(n.kv),
+            v: z(n.kv),
+            attn: z(n.q),
+            o: z(n.embd),
+            gate: z(n.ff),
+            up: z(n.ff),
+            acts: Acts::new(w.matrices(), UBATCH),
+            logits: z(n.logits),
+            scores: z(n.scores),
+            qh: z(n.qh),
+            rope_global: vec![(0.0, 0.0); n.rope],
+            rope_local: vec![(0.0, 0.0); n.rope],
+        }
+    }
+}
+
+pub struct Session {
+    n_ctx: usize,
+    n_past: usize,
+    kv: KvCache,
+    s: Scratch,
+}
+
+/// A raw pointer shared by attention tasks that write disjoint (token, head) slices.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: each task writes only its own (token, head) output slice and its own thread's scratch.
+unsafe impl Sync for SharedMut {}
+unsafe impl Send for SharedMut {}
+
+impl Session {
+    pub(super) fn new(m: &Model, n_ctx: usize) -> Session {
+        let n_ctx = n_ctx.max(1);
+        let s = Scratch::new(&m.config, &m.weights, m.pool.threads(), n_ctx);
+        Session {
+            n_ctx,
+            n_past: 0,
+            kv: KvCache::new(&m.config, n_ctx),
+            s,
+        }
+    }
+
+    /// Bytes of scratch a session of `n_ctx` allocates besides its KV cache (for the planner).
+    pub fn scratch_bytes(c: &Config, w: &Weights, threads: usize, n_ctx: usize) -> u64 {
+        (Lens::new(c, threads, n_ctx).bytes() + Acts::bytes_for(w.matrices(), UBATCH)) as u64
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Forgets the conversation; the memory stays allocated.
+    pub fn clear(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Keeps the first `n` positions (for reusing a common prompt prefix).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
+    /// Appends `tokens` at the current position and returns the logits after the last one.
+    pub fn eval(&mut self, m: &Model, tokens: &[u32]) -> Result<&[f32], ModelError> {
+        self.forward(m, tokens, None)?;
+        Ok(&self.s.logits)
+    }
+
+    /// Like [`Session::eval`], but computes the logits after every token and passes them to
+    /// `each(index, logits)` (teacher forcing, perplexity).
+    pub fn eval_all(
+        &mut self,
+        m: &Model,
+        tokens: &[u32],
+        each: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), ModelError> {
+        self.forward(m, tokens, Some(each))
+    }
+
+    fn forward(
+        &mut self,
+        m: &Model,
+        tokens: &[u32],
+        mut each: Option<&mut dyn FnMut(usize, &[f32])>,
+    ) -> Result<(), ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        let need = self.n_past + tokens.len();
+        if need > self.n_ctx {
+            return Err(ModelError::ContextFull {
+                n_ctx: self.n_ctx,
+                need,
+            });
+        }
+        let n_vocab = m.config.n_vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::BadToken { id: bad, n_vocab });
+        }
+        let mut done = 0;
+        for batch in tokens.chunks(UBATCH) {
+            let last_batch = done + batch.len() == tokens.len();
+            self.ubatch(m, batch);
+            match each.as_mut() {
+                Some(f) => {
+                    for t in 0..batch.len() {
+                        self.logits(m, t);
+                        f(done + t, &self.s.logits);
+                    }
+                }
+                None if last_batch => self.logits(m, batch.len() - 1),
+                None => {}
+            }
+            done += batch.len();
+        }
+        Ok(())
+    }
+
+    /// Runs the layers over one micro-batch, leaving the final hidden states in `s.x`.
+    fn ubatch(&mut self, m: &Model, tokens: &[u32]) {
+        let c = &m.config;
+        let w = &m.weights;
+        let file = m.gguf.bytes();
+        let pool = &m.pool;
+        let n = tokens.len();
+        let d = c.n_embd;
+        let s = &mut self.s;
+        let pos0 = self.n_past;
+
+        for (t, &id) in tokens.iter().enumerate() {
+            let x = &mut s.x[t * d..(t + 1) * d];
+            dequantize_row(w.tok_embd.ty, w.tok_embd.row(file, id as usize), x);
+            if let Some(scale) = c.embed_scale {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        let half = c.n_rot / 2;
+        for t in 0..n {
+            let ff = w.rope_freqs.as_deref();
+            let pos = pos0 + t;
+            ops::rope_cache(
+                pos,
+                c.n_rot,
+                c.rope_base,
+                ff,
+                &mut s.rope_global[t * half..(t + 1) * half],
+            );
+            ops::rope_cache(
+                pos,
+                c.n_rot,
+                c.rope_base_swa,
+                ff,
+                &mut s.rope_local[t * half..(t + 1) * half],
+            );
+        }
+
+        let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+        for (il, l) in w.layers.iter().enumerate() {
+            // Attention block.
+            for t in 0..n {
+                ops::rms_norm(
+                    &s.x[t * d..(t + 1) * d],
+                    &l.attn_norm,
+                    c.norm_eps,
+                    &mut s.xn[t * d..(t + 1) * d],
+                );
+            }
+            s.acts.invalidate();
+            for (mat, out, bias) in [
+                (&l.wq, &mut s.q, &l.bq),
+                (&l.wk, &mut s.k, &l.bk),
+                (&l.wv, &mut s.v, &l.bv),
+            ] {
+                let a = s.acts.get(mat.ty, &s.xn, n, d);
+                matmul(pool, file, mat, a, n, out);
+                if let Some(b) = bias {
+                    for row in out[..n * mat.rows].chunks_exact_mut(mat.rows) {
+                        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                    }
+                }
+            }
+            let local = c.is_local(il);
+            let rope = if local { &s.rope_local } else { &s.rope_global };
+            let rotate = match c.rope_style {
+                RopeStyle::Neox => ops::rope_neox,
+                RopeStyle::Normal => ops::rope_normal,
+            };
+            for t in 0..n {
+                let cs = &rope[t * half..(t + 1) * half];
+                for head in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                    if let Some(qn) = &l.q_norm {
+                        ops::rms_norm_inplace(head, qn, c.norm_eps);
+                    }
+                    rotate(head, c.n_rot, cs);
+                }
+                for head in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                    if let Some(kn) = &l.k_norm {
+                        ops::rms_norm_inplace(head, kn, c.norm_eps);
+                    }
+                    rotate(head, c.n_rot, cs);
+                }
+            }
+            let lkv = &mut self.kv.layers[il];
+            for t in 0..n {
+                let cell = lkv.cell(pos0 + t);
+                let (k, v) = (&s.k[t * kvd..(t + 1) * kvd], &s.v[t * kvd..(t + 1) * kvd]);
+                for (dst, &x) in lkv.k[cell * kvd..(cell + 1) * kvd].iter_mut().zip(k) {
+                    *dst = f16::from_f32(x);
+                }
+                for (dst, &x) in lkv.v[cell * kvd..(cell + 1) * kvd].iter_mut().zip(v) {
+                    *dst = f16::from_f32(x);
+                }
+            }
+            let window = if local { c.sliding_window } else { None };
+            attention(
+                m,
+                lkv,
+                &s.q,
+                &mut s.attn,
+                &mut s.scores,
+                &mut s.qh,
+                pos0,
+                n,
+                window,
+                self.n_ctx,
+            );
+
+            s.acts.invalidate();
+            let a = s.acts.get(l.wo.ty, &s.attn, n, qd);
+            matmul(pool, file, &l.wo, a, n, &mut s.o);
+            for t in 0..n {
+                let o = &mut s.o[t * d..(t + 1) * d];
+                if let Some(pn) = &l.post_attn_norm {
+                    ops::rms_norm_inplace(o, pn, c.norm_eps);
+                }
+                s.x[t * d..(t + 1) * d]
+                    .iter_mut()
+                    .zip(o.iter())
+                    .for_each(|(x, o)| *x += o);
+            }
+
+            // Feed-forward block.
+            for t in 0..n {
+                ops::rms_norm(
+                    &s.x[t * d..(t + 1) * d],
+                    &l.ffn_norm,
+                    c.norm_eps,
+                    &mut s.xn[t * d..(t + 1) * d],
+                );
+            }
+            s.acts.invalidate();
+            let a = s.acts.get(l.w_gate.ty, &s.xn, n, d);
+            matmul(pool, file, &l.w_gate, a, n, &mut s.gate);
+            let a = s.acts.get(l.w_up.ty, &s.xn, n, d);
+            matmul(pool, file, &l.w_up, a, n, &mut s.up);
+            let ff = c.n_ff;
+            let (gate, up) = (&mut s.gate[..n * ff], &s.up[..n * ff]);
+            match c.activation {
+                super::config::Activation::GeGlu => ops::geglu(gate, up),
+                super::config::Activation::SwiGlu => ops::swiglu(gate, up),
+            }
+            s.acts.invalidate();
+            let a = s.acts.get(l.w_down.ty, &s.gate, n, ff);
+            matmul(pool, file, &l.w_down, a, n, &mut s.o);
+            for t in 0..n {
+                let o = &mut s.o[t * d..(t + 1) * d];
+                if let Some(pn) = &l.post_ffn_norm {
+                    ops::rms_norm_inplace(o, pn, c.norm_eps);
+                }
+                s.x[t * d..(t + 1) * d]
+                    .iter_mut()
+                    .zip(o.iter())
+                    .for_each(|(x, o)| *x += o);
+            }
+        }
+        self.n_past += n;
+    }
+
+    /// Logits of token `t` of the last micro-batch into `s.logits`.
+    fn logits(&mut self, m: &Model, t: usize) {
+        let c = &m.config;
+        let d = c.n_embd;
+        let s = &mut self.s;
+        ops::rms_norm(
+            &s.x[t * d..(t + 1) * d],
+            &m.weights.output_norm,
+            c.norm_eps,
+            &mut s.xn[..d],
+        );
+        s.acts.invalidate();
+        let out = &m.weights.output;
+        let a = s.acts.get(out.ty, &s.xn[..d], 1, d);
+        matmul(&m.pool, m.gguf.bytes(), out, a, 1, &mut s.logits);
+    }
+}
+
+/// Causal attention of the n queries at positions `pos0..pos0+n` over the cache, parallel over
+/// (token, head). Q is rounded to f16 before the dot with the f16 keys, as llama.cpp converts
+/// it to the cache type; scores and the weighted sum of values are f32.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    m: &Model,
+    lkv: &super::kv_cache::LayerKv,
+    q: &[f32],
+    out: &mut [f32],
+    scores: &mut [f32],
+    qh: &mut [f32],
+    pos0: usize,
+    n: usize,
+    window: Option<usize>,
+    n_ctx: usize,
+) {
+    let c = &m.config;
+    let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
+    let group = c.n_head / c.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (out_p, scores_p, qh_p) = (
+        SharedMut(out.as_mut_ptr()),
+        SharedMut(scores.as_mut_ptr()),
+        SharedMut(qh.as_mut_ptr()),
+    );
+    m.pool.for_chunks(n * c.n_head, 1, &|thread, range| {
+        let (out_p, scores_p, qh_p) = (out_p, scores_p, qh_p);
+        for task in range {
+            let (t, h) = (task / c.n_head, task % c.n_head);
+            let pos = pos0 + t;
+            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let len = pos + 1 - first;
+            // SAFETY: per-thread scratch regions and per-(t, h) output slices are disjoint.
+            let (sc, qv, o) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(scores_p.0.add(thread * n_ctx), len),
+                    std::slice::from_raw_parts_mut(qh_p.0.add(thread * hd), hd),
+                    std::slice::from_raw_parts_mut(out_p.0.add(t * qd + h * hd), hd),
+                )
+            };
+            let qsrc = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+            let pre = if c.q_prescale { scale } else { 1.0 };
+            for (d, &x) in qv.iter_mut().zip(qsrc) {
+                *d = f16::from_f32(x * pre).to_f32();
+            }
+            let post = if c.q_prescale { 1.0 } else { scale };
+            let kh = h / group;
+            for (j, s) in sc.iter_mut().enumerate() {
+                let cell = lkv.cell(first + j);
+                let k = &lkv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
+                *s = dot_f16(qv, k) * post;
+            }
+            ops::softmax(sc);
+            o.iter_mut().for_each(|v| *v = 0.0);
+            for (j, &p) in sc.iter().enumerate() {
+                let cell = lkv.cell(first + j);
+                let v = &lkv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
+                for (o, &v) in o.iter_mut().zip(v) {
+                    *o += p * v.to_f32();
+                }
+            }
+        }
+    });
+}
+
+fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
+    q.iter().zip(k).map(|(&a, &b)| a * b.to_f32()).sum()
+}

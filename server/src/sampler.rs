@@ -1,0 +1,272 @@
+//! Token sampling: penalties, top-k, top-p, min-p and temperature, in llama.cpp's order,
+//! from buffers allocated once. The same seed gives the same tokens.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerParams {
+    /// 0 (or less) samples greedily.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1.0 disables.
+    pub top_p: f32,
+    /// 0.0 disables.
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of recent tokens; 1.0 disables.
+    pub repeat_penalty: f32,
+    /// Subtracted once from every recent token's logit (OpenAI `presence_penalty`).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence (OpenAI `frequency_penalty`).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerParams {
+    pub fn greedy() -> Self {
+        SamplerParams {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+}
+
+pub struct Sampler {
+    params: SamplerParams,
+    rng: ChaCha8Rng,
+    /// (token, logit) candidates, and per-token occurrence counts for the penalties.
+    cand: Vec<(u32, f32)>,
+    counts: Vec<u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplerParams, n_vocab: usize) -> Sampler {
+        Sampler {
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            params,
+            cand: Vec::with_capacity(n_vocab),
+            counts: vec![0; n_vocab],
+        }
+    }
+
+    pub fn params(&self) -> &SamplerParams {
+        &self.params
+    }
+
+    /// Restarts the random stream (same seed, same output).
+    pub fn reset(&mut self) {
+        self.rng = ChaCha8Rng::seed_from_u64(self.params.seed);
+    }
+
+    /// Picks the next token from `logits`, given the tokens so far (`history`).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
+        let penalise = !recent.is_empty()
+            && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
+        self.cand.clear();
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        if penalise {
+            for &t in recent {
+                if let Some(c) = self.counts.get_mut(t as usize) {
+                    *c += 1;
+                }
+            }
+            for &t in recent {
+                let Some(count) = self.counts.get_mut(t as usize) else {
+                    continue;
+                };
+                if *count == 0 {
+                    continue; // already applied for an earlier occurrence
+                }
+                let l = &mut self.cand[t as usize].1;
+                *l = if *l > 0.0 {
+                    *l / p.repeat_penalty
+                } else {
+                    *l * p.repeat_penalty
+                };
+                *l -= *count as f32 * p.frequency_penalty + p.presence_penalty;
+                *count = 0;
+            }
+        }
+        if p.temperature <= 0.0 {
+            return argmax(&self.cand);
+        }
+        let mut cand = &mut self.cand[..];
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1));
+            cand = &mut cand[..p.top_k];
+        }
+        // Sorted from here on: top-p needs the order, and after top-k this is cheap.
+        if p.top_p < 1.0 || p.min_p > 0.0 {
+            cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+        }
+        let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+        if p.min_p > 0.0 {
+            // Keep tokens whose probability is at least min_p × the top one's.
+            let cut = max + p.min_p.ln();
+            let keep = cand.iter().take_while(|c| c.1 >= cut).count().max(1);
+            cand = &mut cand[..keep];
+        }
+        if p.top_p < 1.0 {
+            let total: f64 = cand.iter().map(|c| ((c.1 - max) as f64).exp()).sum();
+            let mut acc = 0.0;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                acc += ((c.1 - max) as f64).exp() / total;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand = &mut cand[..keep];
+        }
+        let t = p.temperature;
+        let total: f64 = cand.iter().map(|c| (((c.1 - max) / t) as f64).exp()).sum();
+        let mut r = self.rng.random::<f64>() * total;
+        for c in cand.iter() {
+            r -= (((c.1 - max) / t) as f64).exp();
+            if r <= 0.0 {
+                return c.0;
+            }
+        }
+        cand[cand.len() - 1].0
+    }
+}
+
+/// The highest logit; ties go to the lowest id, as llama.cpp's greedy sampler.
+fn argmax(cand: &[(u32, f32)]) -> u32 {
+    let mut best = 0;
+    for (i, c) in cand.iter().enumerate() {
+        if c.1 > cand[best].1 {
+            best = i;
+        }
+    }
+    cand[best].0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        (0..100).map(|i| ((i * 37) % 100) as f32 / 10.0).collect()
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax() {
+        let l = logits();
+        let best = l
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0 as u32;
+        assert_eq!(
+            Sampler::new(SamplerParams::greedy(), 100).sample(&l, &[]),
+            best
+        );
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_different_seed_differs() {
+        let l: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.1).collect();
+        let params = SamplerParams {
+            temperature: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..Default::default()
+        };
+        let run = |p: SamplerParams| {
+            let mut s = Sampler::new(p, 100);
+            (0..50).map(|_| s.sample(&l, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(run(params.clone()), run(params.clone()));
+        assert_ne!(
+            run(params.clone()),
+            run(SamplerParams { seed: 8, ..params })
+        );
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_penalties_move_the_choice() {
+        let mut l = vec![0.0f32; 10];
+        l[3] = 5.0;
+        l[4] = 4.9;
+        let p = SamplerParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        };
+        assert_eq!(Sampler::new(p.clone(), 10).sample(&l, &[]), 3);
+        let p = SamplerParams {
+            presence_penalty: 1.0,
+            ..p
+        };
+        assert_eq!(Sampler::new(p, 10).sample(&l, &[3, 3]), 4);
+        let g = SamplerParams {
+            frequency_penalty: 0.06,
+            ..SamplerParams::greedy()
+        };
+        assert_eq!(
+            Sampler::new(g.clone(), 10).sample(&l, &[3]),
+            3,
+            "one occurrence: 4.94 > 4.9"
+        );
+        assert_eq!(
+            Sampler::new(g, 10).sample(&l, &[3, 3]),
+            4,
+            "two: 4.88 < 4.9"
+        );
+    }
+
+    #[test]
+    fn min_p_and_top_p_never_pick_unlikely_tokens() {
+        let mut l = vec![-20.0f32; 50];
+        l[10] = 3.0;
+        l[11] = 2.9;
+        for p in [
+            SamplerParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.5,
+                ..Default::default()
+            },
+            SamplerParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 0.9,
+                min_p: 0.0,
+                ..Default::default()
+            },
+        ] {
+            let mut s = Sampler::new(p, 50);
+            for _ in 0..200 {
+                assert!(matches!(s.sample(&l, &[]), 10 | 11));
+            }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The engine against llama.cpp's reference outputs (`shared/golden/README.md` says how to
+//! compare): identical tokenization, teacher-forced logits within max(0.05, 5e-4·|ref|) on the
+//! listed ids, top-1 agreement on ≥ 99 % of non-tied positions, and identical greedy tokens
+//! except after a near tie, which is reported.
+
+mod common;
+
+use std::path::Path;
+
+use llm_server::model::{LoadOptions, Model};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Golden {
+    tokenize: Vec<TokenizeCase>,
+    prompts: Vec<Prompt>,
+}
+
+#[derive(Deserialize)]
+struct TokenizeCase {
+    text: String,
+    ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct Prompt {
+    name: String,
+    prompt_tokens: Vec<u32>,
+    greedy_tokens: Vec<u32>,
+    teacher_forced_top: Vec<Vec<(u32, f32)>>,
+}
+
+/// Reference logits closer than this are near ties: not counted for top-1 agreement.
+const NEAR_TIE: f32 = 0.05;
+
+fn tolerance(reference: f32) -> f32 {
+    f32::max(0.05, 5e-4 * reference.abs())
+}
+
+#[derive(Default)]
+struct Report {
+    worst_delta: f32,
+    worst_excess: f32,
+    worst_at: String,
+    agree: usize,
+    counted: usize,
+    near_ties: usize,
+    near_tie_flips: usize,
+}
+
+fn check(model_path: &Path, golden_path: &Path, threads: usize) {
+    let golden: Golden =
+        serde_json::from_str(&std::fs::read_to_string(golden_path).unwrap()).unwrap();
+    let model = Model::load(
+        model_path,
+        &LoadOptions {
+            threads,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let tok = model.tokenizer();
+    for case in &golden.tokenize {
+        assert_eq!(
+            tok.encode(&case.text, true, true),
+            case.ids,
+            "tokenizing {:?}",
+            case.text
+        );
+    }
+
+    let mut r = Report::default();
+    let mut greedy_notes = Vec::new();
+    for p in &golden.prompts {
+        let fed: Vec<u32> = p
+            .prompt_tokens
+            .iter()
+            .chain(&p.greedy_tokens[..p.greedy_tokens.len() - 1])
+            .copied()
+            .collect();
+        assert_eq!(
+            p.teacher_forced_top.len(),
+            fed.len(),
+            "{}: golden positions",
+            p.name
+        );
+        let mut session = model.new_session(fed.len() + 8);
+        let mut near_tie_positions = Vec::new();
+        session
+            .eval_all(&model, &fed, &mut |i, logits| {
+                let top = &p.teacher_forced_top[i];
+                for &(id, reference) in top {
+                    let delta = (logits[id as usize] - reference).abs();
+                    let excess = delta - tolerance(reference);
+                    r.worst_delta = r.worst_delta.max(delta);
+                    if excess > r.worst_excess || r.worst_at.is_empty() {
+                        r.worst_excess = r.worst_excess.max(excess);
+                        r.worst_at = format!(
+                            "{} pos {i} id {id}: ours {} ref {reference}",
+                            p.name, logits[id as usize]
+                        );
+                    }
+                }
+                let ours = argmax(logits);
+                if top[0].1 - top[1].1 > NEAR_TIE {
+                    r.counted += 1;
+                    r.agree += (ours == top[0].0) as usize;
+                } else {
+                    r.near_ties += 1;
+                    r.near_tie_flips += (ours != top[0].0) as usize;
+                    near_tie_positions.push(i);
+                }
+            })
+            .unwrap();
+
+        // Greedy continuation from the prompt alone.
+        let mut session = model.new_session(fed.len() + 8);
+        let mut logits = session.eval(&model, &p.prompt_tokens).unwrap().to_vec();
+        let mut ours = Vec::new();
+        for _ in 0..p.greedy_tokens.len() {
+            let t = argmax(&logits);
+            ours.push(t);
+            if model.tokenizer().is_eog(t) {
+                break;
+            }
+            logits = session.eval(&model, &[t]).unwrap().to_vec();
+        }
+        if let Some(first_diff) = ours.iter().zip(&p.greedy_tokens).position(|(a, b)| a != b) {
+            let pos = p.prompt_tokens.len() + first_diff - 1;
+            assert!(
+                near_tie_positions.contains(&pos),
+                "{}: greedy differs at step {first_diff} (ours {:?}, ref {:?}) without a near tie",
+                p.name,
+                ours,
+                p.greedy_tokens
+            );
+            greedy_notes.push(format!(
+                "{}: differs after a near tie at step {first_diff}",
+                p.name
+            ));
+        } else {
+            assert_eq!(
+                ours.len(),
+                p.greedy_tokens.len(),
+                "{}: stopped early",
+                p.name
+            );
+        }
+    }
+    let agreement = r.agree as f64 / r.counted.max(1) as f64;
+    eprintln!(
+        "{}: worst |Δlogit| {:.4} ({}), top-1 {}/{} = {:.2}%, near ties {} ({} flipped){}{}",
+        golden_path.file_name().unwrap().to_string_lossy(),
+        r.worst_delta,
+        r.worst_at,
+        r.agree,
+        r.counted,
+        agreement * 100.0,
+        r.near_ties,
+        r.near_tie_flips,
+        if greedy_notes.is_empty() { "" } else { "; " },
+        greedy_notes.join("; ")
+    );
+    assert!(
+        r.worst_excess <= 0.0,
+        "logit outside tolerance at {}",
+        r.worst_at
+    );
+    assert!(
+        agreement >= 0.99,
+        "top-1 agreement {:.2}% < 99%",
+        agreement * 100.0
+    );
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn synth(name: &str) {
+    let dir = common::golden_dir().join("synth");
+    let model = dir.join(format!("{name}.gguf"));
+    let golden = dir.join(format!("{name}.golden.json"));
+    check(&model, &golden, 1);
+}
+
+macro_rules! synth_tests {
+    ($($test:ident => $name:literal,)*) => {$(
+        #[test]
+        fn $test() {
+            synth($name);
+        }
+    )*};
+}
+
+synth_tests! {
+    llama_f32 => "synth-llama-f32",
+    llama_f16 => "synth-llama-f16",
+    llama_bf16 => "synth-llama-bf16",
+    llama_q8_0 => "synth-llama-q8_0",
+    llama_q4_0 => "synth-llama-q4_0",
+    llama_q5_0 => "synth-llama-q5_0",
+    llama_q4_k_m => "synth-llama-q4_k_m",
+    llama_q5_k_m => "synth-llama-q5_k_m",
+    llama_q6_k => "synth-llama-q6_k",
+    llama_iq4_nl => "synth-llama-iq4_nl",
+    llama_iq4_xs => "synth-llama-iq4_xs",
+    qwen2_f32 => "synth-qwen2-f32",
+    qwen2_q4_k_m => "synth-qwen2-q4_k_m",
+    qwen2_q8_0 => "synth-qwen2-q8_0",
+    gemma3_f32 => "synth-gemma3-f32",
+    gemma3_q4_k_m => "synth-gemma3-q4_k_m",
+    gemma3_q8_0 => "synth-gemma3-q8_0",
+    gemma3_iq4_xs => "synth-gemma3-iq4_xs",
+}
+
+#[test]
+fn default_model_gemma3_270m() {
+    let golden = common::golden_dir().join("gemma-3-270m-q4_k_m.golden.json");
+    // Two threads: the parallel paths must give the same answers as the single-thread ones.
+    check(&common::default_model(), &golden, 2);
+}
