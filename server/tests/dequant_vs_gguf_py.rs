@@ -75,7 +75,10 @@ fn dequantize_row_matches_gguf_py_for_every_type() {
         // The first and last rows of the first tensor of each type in the file.
         let mut rows: Vec<(&str, usize)> = Vec::new();
         for t in &g.tensors {
-            if !rows.iter().any(|(name, _)| g.tensor(name).unwrap().ty() == t.ty) {
+            if !rows
+                .iter()
+                .any(|(name, _)| g.tensor(name).unwrap().ty() == t.ty)
+            {
                 rows.extend([(t.name.as_str(), 0), (t.name.as_str(), t.n_rows() - 1)]);
             }
         }
@@ -99,9 +102,16 @@ fn dequantize_row_matches_gguf_py_for_every_type() {
                 covered.push(ty);
             }
         }
-        assert_eq!(at, theirs.len(), "{file}: gguf-py returned more values than asked for");
+        assert_eq!(
+            at,
+            theirs.len(),
+            "{file}: gguf-py returned more values than asked for"
+        );
     }
     for ty in GgmlType::SUPPORTED {
-        assert!(covered.contains(&ty), "no {ty} tensor in the synth models was compared");
+        assert!(
+            covered.contains(&ty),
+            "no {ty} tensor in the synth models was compared"
+        );
     }
 }
