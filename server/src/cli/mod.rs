@@ -1,6 +1,8 @@
 //! The command line: one module per subcommand, each a `run` on its clap struct.
 
 mod inspect;
+mod plan;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -21,12 +23,18 @@ struct Cli {
 enum Cmd {
     /// Print a model's metadata and tensor table.
     Inspect(inspect::Inspect),
+    /// Print the memory plan (weights, KV cache, scratch) beside the memory limits found.
+    Plan(plan::Plan),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(serve::Serve),
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Inspect(c) => c.run(),
+        Cmd::Plan(c) => c.run(),
+        Cmd::Serve(c) => c.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

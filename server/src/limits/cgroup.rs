@@ -54,13 +54,18 @@ impl Cgroup {
         let v1 = membership.lines().find_map(|line| {
             let mut parts = line.splitn(3, ':');
             let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            controllers.split(',').any(|c| c == "memory").then_some(path)
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then_some(path)
         });
         if let Some(path) = v1 {
             let mount = mounts.iter().find(|m| m.is_v1_memory())?;
             return Some(mount.cgroup(Version::V1, path));
         }
-        let path = membership.lines().find_map(|line| line.strip_prefix("0::"))?;
+        let path = membership
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))?;
         let mount = mounts.iter().find(|m| m.fstype == "cgroup2")?;
         Some(mount.cgroup(Version::V2, path))
     }
@@ -172,7 +177,9 @@ fn unescape(field: &str) -> String {
     let mut rest = field;
     while let Some(i) = rest.find('\\') {
         out.push_str(&rest[..i]);
-        let code = rest.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok());
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
         match code {
             Some(byte) => {
                 out.push(byte as char);
@@ -282,7 +289,11 @@ mod tests {
         fs::remove_dir_all(&root).unwrap();
         assert_eq!(limits.len(), 1, "memory.high is max everywhere: {limits:?}");
         assert_eq!(limits[0].bytes, 1 << 30);
-        assert!(limits[0].source.contains("memory.max"), "{}", limits[0].source);
+        assert!(
+            limits[0].source.contains("memory.max"),
+            "{}",
+            limits[0].source
+        );
         assert!(limits[0].source.ends_with("/a)"), "{}", limits[0].source);
     }
 

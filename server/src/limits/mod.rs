@@ -94,7 +94,8 @@ mod tests {
 
     #[test]
     fn meminfo_fields_are_bytes() {
-        let text = "MemTotal:       32768000 kB\nMemAvailable:   23446760 kB\nHugePages_Total:       0\n";
+        let text =
+            "MemTotal:       32768000 kB\nMemAvailable:   23446760 kB\nHugePages_Total:       0\n";
         assert_eq!(
             parse_meminfo_field(text, "MemAvailable"),
             Some(23446760 * 1024)
@@ -113,8 +114,14 @@ mod tests {
     fn tightest_is_the_smallest() {
         let limits = MemoryLimits {
             limits: vec![
-                Limit { source: "a".into(), bytes: 3 << 30 },
-                Limit { source: "b".into(), bytes: 1 << 30 },
+                Limit {
+                    source: "a".into(),
+                    bytes: 3 << 30,
+                },
+                Limit {
+                    source: "b".into(),
+                    bytes: 1 << 30,
+                },
             ],
         };
         assert_eq!(limits.tightest().unwrap().source, "b");

@@ -1,0 +1,176 @@
+//! `llm-server plan`: the memory the server would hold, beside the limits it runs under.
+//! `serve` runs the same check before loading anything.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use llm_server::gguf::Gguf;
+use llm_server::limits::{HumanBytes, MemoryLimits};
+use llm_server::model::Config;
+use llm_server::plan::MemoryPlan;
+
+use super::CliResult;
+
+/// The exit status of `plan` and `serve` when the plan does not fit.
+pub const EXIT_DOES_NOT_FIT: i32 = 2;
+
+#[derive(clap::Args)]
+pub struct Plan {
+    /// The GGUF model file.
+    #[arg(long, short)]
+    model: PathBuf,
+    #[command(flatten)]
+    sizing: Sizing,
+}
+
+/// How much the server allocates: shared by `plan` and `serve`.
+#[derive(clap::Args, Clone, Copy)]
+pub struct Sizing {
+    /// Tokens of context per slot, or `auto` for the largest context that fits the memory limits.
+    #[arg(long, short = 'c', default_value = "4096")]
+    pub ctx_size: CtxSize,
+    /// Requests generated at the same time, each with its own KV cache.
+    #[arg(long, short = 'p', default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub parallel: u16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtxSize {
+    Auto,
+    Tokens(usize),
+}
+
+impl FromStr for CtxSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<CtxSize, String> {
+        match s {
+            "auto" => Ok(CtxSize::Auto),
+            _ => match s.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(CtxSize::Tokens(n)),
+                _ => Err(format!(
+                    "`{s}` is not a context size: give a number of tokens or `auto`"
+                )),
+            },
+        }
+    }
+}
+
+/// A plan and the limits it was checked against.
+pub struct Checked {
+    pub plan: MemoryPlan,
+    pub limits: MemoryLimits,
+    pub n_ctx_train: usize,
+}
+
+impl Checked {
+    /// Plans `sizing` for `gguf`; with `auto`, the largest context (up to the training context)
+    /// under the tightest limit, or the smallest one when nothing fits (reported as not fitting).
+    pub fn new(gguf: &Gguf, sizing: Sizing) -> Result<Checked, Box<dyn std::error::Error>> {
+        let limits = MemoryLimits::discover();
+        let n_ctx_train = Config::from_gguf(gguf)?.n_ctx_train;
+        let parallel = usize::from(sizing.parallel);
+        let plan = match sizing.ctx_size {
+            CtxSize::Tokens(n) => MemoryPlan::for_model_file(gguf, n, parallel)?,
+            CtxSize::Auto => {
+                let budget = limits.tightest().map_or(u64::MAX, |l| l.bytes);
+                match MemoryPlan::largest_fitting(gguf, parallel, n_ctx_train, budget)? {
+                    Some(plan) => plan,
+                    None => MemoryPlan::for_model_file(gguf, n_ctx_train.min(256), parallel)?,
+                }
+            }
+        };
+        Ok(Checked {
+            plan,
+            limits,
+            n_ctx_train,
+        })
+    }
+
+    pub fn fits(&self) -> bool {
+        self.limits
+            .tightest()
+            .is_none_or(|l| self.plan.total() <= l.bytes)
+    }
+
+    /// The table `plan` prints and `serve` prints when refusing.
+    pub fn table(&self, model: &str) -> String {
+        let p = &self.plan;
+        let mut out = String::new();
+        let slots = if p.parallel == 1 { "slot" } else { "slots" };
+        let _ = writeln!(
+            out,
+            "memory plan for {model}: context {} tokens x {} {slots}",
+            p.n_ctx, p.parallel
+        );
+        if p.n_ctx > self.n_ctx_train {
+            let _ = writeln!(
+                out,
+                "  (beyond the model's training context of {} tokens)",
+                self.n_ctx_train
+            );
+        }
+        let rows = [
+            ("weights (file-backed, page cache)", p.weights_bytes),
+            ("KV cache (anonymous)", p.kv_bytes),
+            ("scratch (anonymous)", p.scratch_bytes),
+            ("vocabulary (anonymous)", p.vocab_bytes),
+            ("total", p.total()),
+        ];
+        for (what, bytes) in rows {
+            let _ = writeln!(out, "  {what:<58} {:>11}", HumanBytes(bytes).to_string());
+        }
+        let _ = writeln!(out, "limits found:");
+        if self.limits.limits.is_empty() {
+            let _ = writeln!(out, "  none (no memory cgroup limit, no /proc/meminfo)");
+        }
+        for limit in &self.limits.limits {
+            let verdict = match p.total().checked_sub(limit.bytes) {
+                Some(over) if over > 0 => format!("short by {}", HumanBytes(over)),
+                _ => "fits".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "  {:<58} {:>11}   {verdict}",
+                limit.source,
+                HumanBytes(limit.bytes).to_string()
+            );
+        }
+        if self.fits() {
+            let _ = writeln!(out, "verdict: fits");
+        } else {
+            let _ = writeln!(
+                out,
+                "verdict: does not fit; lower --ctx-size or --parallel, try --ctx-size auto, or raise the memory limit (MemoryMax= of the unit)"
+            );
+        }
+        out
+    }
+}
+
+impl Plan {
+    pub fn run(self) -> CliResult {
+        let gguf = Gguf::open(&self.model)?;
+        let checked = Checked::new(&gguf, self.sizing)?;
+        print!("{}", checked.table(&self.model.display().to_string()));
+        if !checked.fits() {
+            // A distinct status, so scripts can tell "does not fit" from "cannot read the model".
+            std::process::exit(EXIT_DOES_NOT_FIT);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctx_size_parses() {
+        assert_eq!("auto".parse(), Ok(CtxSize::Auto));
+        assert_eq!("2048".parse(), Ok(CtxSize::Tokens(2048)));
+        assert!("0".parse::<CtxSize>().is_err());
+        assert!("big".parse::<CtxSize>().unwrap_err().contains("`big`"));
+    }
+}

@@ -1,0 +1,179 @@
+//! The one place where failures become HTTP responses, in OpenAI's error shape:
+//! `{"error": {"message", "type", "param", "code"}}`, which the official SDKs parse.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+/// Why a request failed. Each variant's message names the cause and, where there is one, the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed JSON or a value out of range.
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
+    #[error("the request body is larger than the limit of {limit} bytes; send a shorter prompt or raise --body-limit")]
+    TooLarge { limit: usize },
+    #[error("missing or invalid API key: send `Authorization: Bearer <key>` with a key from the server's --api-key-file")]
+    Unauthorized,
+    #[error("no route for {method} {path}; see GET /openapi.json for the API")]
+    NotFound { method: String, path: String },
+    #[error("the model is still loading; retry in a few seconds")]
+    Loading,
+    #[error("the server is busy: every slot is generating and the queue of {queue} requests is full; retry after {retry_after} s")]
+    Overloaded { queue: usize, retry_after: u64 },
+    #[error("the request did not finish within the server's time limit of {secs} s; ask for fewer tokens (max_tokens) or raise --request-timeout")]
+    Timeout { secs: u64 },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// A failure of ours: logged in full, reported without details.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// A bad value of the request field `param`.
+    pub fn bad_param(param: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: Some(param),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::Loading | ApiError::Overloaded { .. } | ApiError::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } | ApiError::TooLarge { .. } | ApiError::NotFound { .. } => {
+                "invalid_request_error"
+            }
+            ApiError::Unauthorized => "authentication_error",
+            ApiError::Loading | ApiError::Overloaded { .. } | ApiError::ShuttingDown => {
+                "unavailable_error"
+            }
+            ApiError::Timeout { .. } => "timeout_error",
+            ApiError::Internal(_) => "server_error",
+        }
+    }
+
+    /// OpenAI's `error.code`: a stable machine-readable name.
+    fn code(&self) -> Option<&'static str> {
+        match self {
+            ApiError::Unauthorized => Some("invalid_api_key"),
+            ApiError::TooLarge { .. } => Some("request_too_large"),
+            ApiError::Overloaded { .. } => Some("server_overloaded"),
+            ApiError::Loading => Some("model_loading"),
+            _ => None,
+        }
+    }
+
+    /// The error object, also sent as an SSE event when a stream fails after it started.
+    pub fn body(&self) -> ErrorBody {
+        let message = match self {
+            ApiError::Internal(_) => "internal server error; the server log has the details".into(),
+            other => other.to_string(),
+        };
+        ErrorBody {
+            error: ErrorObject {
+                message,
+                kind: self.kind(),
+                param: match self {
+                    ApiError::BadRequest { param, .. } => *param,
+                    _ => None,
+                },
+                code: self.code(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    pub error: ErrorObject,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorObject {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(detail) = &self {
+            tracing::error!("{detail}");
+        }
+        let mut response = (self.status(), Json(self.body())).into_response();
+        let headers = response.headers_mut();
+        match &self {
+            ApiError::Overloaded { retry_after, .. } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+            }
+            ApiError::Loading | ApiError::ShuttingDown => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            }
+            ApiError::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overloaded_is_503_with_retry_after() {
+        let r = ApiError::Overloaded {
+            queue: 16,
+            retry_after: 2,
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+    }
+
+    #[test]
+    fn body_has_openai_shape() {
+        let body = serde_json::to_value(ApiError::bad_param("n", "n must be 1").body()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"error": {"message": "n must be 1", "type": "invalid_request_error", "param": "n", "code": null}})
+        );
+    }
+
+    #[test]
+    fn internal_details_stay_in_the_log() {
+        let body = ApiError::Internal("secret path /x".into()).body();
+        assert!(!body.error.message.contains("/x"));
+    }
+}

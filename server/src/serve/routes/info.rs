@@ -1,0 +1,70 @@
+//! `/health`, `/metrics`, `/v1/models`, `/openapi.json` and the JSON 404/405.
+
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::serve::error::ApiError;
+use crate::serve::{AppState, OPENAPI_JSON};
+
+/// 200 once the model is loaded, 503 (with `Retry-After`) while it loads.
+pub async fn health(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    state.engine()?;
+    Ok(Json(json!({"status": "ok"})))
+}
+
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.metrics().render(state.inner.cgroup.as_ref());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The one model this server serves, with llama-server's `meta` figures.
+pub async fn models(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    let engine = state.engine()?;
+    let model = &engine.model;
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": engine.model_id,
+            "object": "model",
+            "created": engine.created,
+            "owned_by": "llm-server",
+            "meta": {
+                "name": model.name(),
+                "n_vocab": model.tokenizer().n_vocab(),
+                "n_ctx_train": model.n_ctx_train(),
+                "n_ctx": engine.scheduler.n_ctx(),
+                "size": model.gguf().bytes().len(),
+            }
+        }]
+    })))
+}
+
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
+}
+
+pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::NotFound {
+        method: method.to_string(),
+        path: uri.path().to_owned(),
+    }
+}
+
+pub async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    let message = format!(
+        "{method} is not allowed on {}; see GET /openapi.json for the API",
+        uri.path()
+    );
+    let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}});
+    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+}
