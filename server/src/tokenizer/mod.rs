@@ -5,6 +5,8 @@
 //! Reference: llama.cpp `src/llama-vocab.cpp` (vocabulary loading, `tokenizer_st_partition`,
 //! the SPM and BPE sessions, `token_to_piece`) and `src/unicode.cpp` (pre-tokenizers).
 
+mod bpe;
+mod pretokenize;
 mod special;
 mod spm;
 mod stream;
@@ -13,6 +15,7 @@ mod vocab;
 use std::borrow::Cow;
 
 use crate::gguf::{GgufError, Metadata};
+use bpe::Bpe;
 use special::{Fragment, SpecialTokens};
 use spm::Spm;
 pub use stream::StreamDecoder;
@@ -24,6 +27,8 @@ pub enum TokenizerError {
     Gguf(#[from] GgufError),
     #[error("tokenizer.ggml.model is `{0}`, which is not supported; supported tokenizers: `llama` (SentencePiece: Gemma, Llama 2) and `gpt2` (byte-level BPE: Llama 3, Qwen2, GPT-2)")]
     UnsupportedModel(String),
+    #[error("tokenizer.ggml.pre is `{name}`, a pre-tokenizer this engine does not implement; supported: {supported}")]
+    UnsupportedPreTokenizer { name: String, supported: String },
     #[error("malformed tokenizer metadata: {0}; re-convert the model with a current llama.cpp")]
     Malformed(String),
 }
@@ -46,6 +51,7 @@ const EOG_TEXTS: &[&str] = &[
 
 enum Model {
     Spm(Spm),
+    Bpe(Bpe),
 }
 
 /// A tokenizer for one model's vocabulary. Immutable after loading, so `Send + Sync`.
@@ -86,6 +92,13 @@ impl Tokenizer {
                     .unwrap_or(true);
                 let spm = Spm::new(&vocab, add_space_prefix, unk);
                 (Model::Spm(spm), Some(1), Some(2), true)
+            }
+            "gpt2" => {
+                let bpe = Bpe::from_metadata(md, &vocab)?;
+                // llama.cpp's gpt2 defaults (bos = eos = 11) are arbitrary ids; without the
+                // keys there is simply no BOS/EOS here.
+                let add_bos = Bpe::adds_bos_by_default(md.str("tokenizer.ggml.pre")?);
+                (Model::Bpe(bpe), None, None, add_bos)
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
@@ -175,6 +188,18 @@ impl Tokenizer {
                     }
                 }
             }
+            Model::Bpe(bpe) => {
+                let mut scratch = bpe::Scratch::default();
+                for fragment in fragments {
+                    match fragment {
+                        Fragment::Text(range) => {
+                            let fragment = text.get(range).unwrap_or_default();
+                            bpe.encode(&self.vocab, fragment, &mut scratch, &mut out);
+                        }
+                        Fragment::Token(id) => out.push(id),
+                    }
+                }
+            }
         }
         if add_bos && self.add_eos {
             out.extend(self.eos);
@@ -250,6 +275,7 @@ fn build_pieces(vocab: &Vocab, model: &Model) -> Strings {
         } else if attr.has(Attr::NORMAL) {
             match model {
                 Model::Spm(_) => extend_unescaped(&mut pieces, text),
+                Model::Bpe(_) => extend_byte_decoded(&mut pieces, text),
             }
         } else if attr.has(Attr::BYTE) {
             pieces.extend(parse_byte_token(text).as_slice());
@@ -269,6 +295,17 @@ fn extend_unescaped(pieces: &mut Strings, mut text: &[u8]) {
         text = &text[i + escaped.len()..];
     }
     pieces.extend(text);
+}
+
+/// Appends the bytes a byte-level BPE token stands for. A character outside GPT-2's byte
+/// table (a malformed vocabulary) is kept as its own UTF-8 rather than dropped.
+fn extend_byte_decoded(pieces: &mut Strings, text: &[u8]) {
+    for c in String::from_utf8_lossy(text).chars() {
+        match bpe::char_to_byte(c) {
+            Some(b) => pieces.extend(&[b]),
+            None => pieces.extend(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        }
+    }
 }
 
 /// The byte of a `<0xXX>` token.

@@ -15,7 +15,7 @@ pub struct Spm {
     /// (`tokenizer.ggml.add_space_prefix`; true for Llama 2, false for Gemma 3).
     pub add_space_prefix: bool,
     /// `<0xXX>` token of each byte, for byte fallback.
-    byte_tokens: [Option<u32>; 256],
+    byte_tokens: Box<[Option<u32>; 256]>,
     /// Used when the vocabulary lacks a byte token (llama.cpp would throw there).
     unk: Option<u32>,
 }
@@ -72,7 +72,7 @@ pub struct Scratch {
 
 impl Spm {
     pub fn new(vocab: &Vocab, add_space_prefix: bool, unk: Option<u32>) -> Spm {
-        let mut byte_tokens = [None; 256];
+        let mut byte_tokens = Box::new([None; 256]);
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             // As llama.cpp's `byte_to_token`: `<0xXX>` first, else the byte as a one-byte text.
             *slot = vocab

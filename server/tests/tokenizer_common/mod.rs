@@ -107,3 +107,41 @@ pub fn golden_tokenize(path: &Path) -> Vec<(String, Vec<u32>)> {
         })
         .collect()
 }
+
+/// A metadata value for [`gguf_bytes`].
+pub enum Kv<'a> {
+    Str(&'a str),
+    Strs(&'a [&'a str]),
+}
+
+/// A tensor-less GGUF v3 file holding `kvs`, for tests of metadata handling.
+pub fn gguf_bytes(kvs: &[(&str, Kv)]) -> Vec<u8> {
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    const STRING: u32 = 8;
+    const ARRAY: u32 = 9;
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend(0u64.to_le_bytes());
+    out.extend((kvs.len() as u64).to_le_bytes());
+    for (key, value) in kvs {
+        string(&mut out, key);
+        match value {
+            Kv::Str(s) => {
+                out.extend(STRING.to_le_bytes());
+                string(&mut out, s);
+            }
+            Kv::Strs(v) => {
+                out.extend(ARRAY.to_le_bytes());
+                out.extend(STRING.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                for s in v.iter() {
+                    string(&mut out, s);
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,334 @@
+//! Pre-tokenizers of byte-level BPE vocabularies: the regexes named by `tokenizer.ggml.pre`,
+//! as llama.cpp runs them (`src/unicode.cpp`). llama.cpp matches the GPT-2 and Llama 3 regexes
+//! with hand-written scanners (`unicode_regex_split_custom_gpt2/llama3`), whose decisions are
+//! reproduced here step by step; Qwen2's regex differs from Llama 3's only in taking digits one
+//! at a time (`\p{N}` instead of `\p{N}{1,3}`), so it is the Llama 3 scanner with a run of 1.
+//!
+//! Unicode classes follow llama.cpp's table: `\p{L}` and `\p{N}` are the general-category
+//! groups; `\s` is the White_Space list below.
+
+use std::ops::Range;
+
+use unicode_properties::{GeneralCategoryGroup, UnicodeGeneralCategory};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+    Gpt2,
+    /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}|
+    /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` (Llama 3: 3 digits; Qwen2: 1)
+    Llama3 { max_digits: usize },
+}
+
+/// Class bits of one character. `IN_TEXT` marks a real character, so that positions past the
+/// end (no bits) never match a class, as llama.cpp's `OUT_OF_RANGE` flags.
+const LETTER: u8 = 1;
+const NUMBER: u8 = 2;
+const SPACE: u8 = 4;
+const IN_TEXT: u8 = 8;
+
+fn classify(c: char) -> u8 {
+    let class = if c.is_ascii_alphabetic() {
+        LETTER
+    } else if c.is_ascii_digit() {
+        NUMBER
+    } else if c.is_ascii() {
+        if matches!(c, ' ' | '\t'..='\r') {
+            SPACE
+        } else {
+            0
+        }
+    } else {
+        let group = match c.general_category_group() {
+            GeneralCategoryGroup::Letter => LETTER,
+            GeneralCategoryGroup::Number => NUMBER,
+            _ => 0,
+        };
+        // Unicode White_Space, as llama.cpp's `unicode_set_whitespace`.
+        let space = matches!(
+            c,
+            '\u{85}' | '\u{a0}' | '\u{1680}' | '\u{2000}'
+                ..='\u{200a}' | '\u{2028}' | '\u{2029}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
+        );
+        group | if space { SPACE } else { 0 }
+    };
+    class | IN_TEXT
+}
+
+/// One character of the text being split: where it starts, what it is, its class.
+#[derive(Clone, Copy)]
+struct Char {
+    at: u32,
+    c: char,
+    class: u8,
+}
+
+/// The text as classified characters, with llama.cpp's bounds-checked accessors.
+struct Chars<'a> {
+    chars: &'a [Char],
+}
+
+impl Chars<'_> {
+    fn class(&self, pos: usize) -> u8 {
+        self.chars.get(pos).map_or(0, |c| c.class)
+    }
+
+    fn is(&self, pos: usize, bits: u8) -> bool {
+        self.class(pos) & bits != 0
+    }
+
+    fn char(&self, pos: usize) -> Option<char> {
+        self.chars.get(pos).map(|c| c.c)
+    }
+
+    fn is_cr_lf(&self, pos: usize) -> bool {
+        matches!(self.char(pos), Some('\r' | '\n'))
+    }
+
+    /// Length of the contraction (`'s`, `'t`, `'re`, `'ve`, `'m`, `'ll`, `'d`) at `pos`, or 0.
+    fn contraction(&self, pos: usize, ignore_case: bool) -> usize {
+        if self.char(pos) != Some('\'') {
+            return 0;
+        }
+        let at = |i| {
+            let c = self.char(pos + i).unwrap_or('\0');
+            if ignore_case {
+                c.to_ascii_lowercase()
+            } else {
+                c
+            }
+        };
+        match (at(1), at(2)) {
+            ('s' | 't' | 'm' | 'd', _) => 2,
+            ('r', 'e') | ('v', 'e') | ('l', 'l') => 3,
+            _ => 0,
+        }
+    }
+
+    /// Length of the whitespace run at `pos` and the end of its last CR/LF (0 if none).
+    fn space_run(&self, pos: usize) -> (usize, usize) {
+        let mut n = 0;
+        let mut last_cr_lf_end = 0;
+        while self.is(pos + n, SPACE) {
+            if self.is_cr_lf(pos + n) {
+                last_cr_lf_end = pos + n + 1;
+            }
+            n += 1;
+        }
+        (n, last_cr_lf_end)
+    }
+}
+
+/// Reusable buffers for splitting.
+#[derive(Default)]
+pub struct Scratch {
+    chars: Vec<Char>,
+    /// Word ends, in characters.
+    ends: Vec<usize>,
+}
+
+impl PreTokenizer {
+    /// Splits `text` into words, appending their byte ranges to `words`.
+    pub fn split(&self, text: &str, scratch: &mut Scratch, words: &mut Vec<Range<usize>>) {
+        scratch.chars.clear();
+        scratch
+            .chars
+            .extend(text.char_indices().map(|(at, c)| Char {
+                at: at as u32,
+                c,
+                class: classify(c),
+            }));
+        scratch.ends.clear();
+        let chars = Chars {
+            chars: &scratch.chars,
+        };
+        match *self {
+            PreTokenizer::Gpt2 => split_gpt2(&chars, &mut scratch.ends),
+            PreTokenizer::Llama3 { max_digits } => {
+                split_llama3(&chars, max_digits, &mut scratch.ends)
+            }
+        }
+        let byte_at = |pos: usize| scratch.chars.get(pos).map_or(text.len(), |c| c.at as usize);
+        let mut start = 0;
+        for &end in &scratch.ends {
+            words.push(byte_at(start)..byte_at(end));
+            start = end;
+        }
+    }
+}
+
+/// Records word ends, skipping empty words (llama.cpp's `_add_token`).
+struct Words<'a> {
+    ends: &'a mut Vec<usize>,
+    prev: usize,
+}
+
+impl Words<'_> {
+    fn end_at(&mut self, end: usize) {
+        if end > self.prev {
+            self.ends.push(end);
+        }
+        self.prev = end;
+    }
+}
+
+fn split_gpt2(t: &Chars, ends: &mut Vec<usize>) {
+    let len = t.chars.len();
+    let mut words = Words { ends, prev: 0 };
+    let mut pos = 0;
+    while pos < len {
+        let contraction = t.contraction(pos, false);
+        if contraction > 0 {
+            pos += contraction;
+            words.end_at(pos);
+            continue;
+        }
+        let space = t.char(pos) == Some(' ');
+        // ` ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+`: a run of one kind after an optional
+        // space; the character after the space decides the kind.
+        let class = t.class(pos + space as usize);
+        let in_run: Option<fn(u8) -> bool> = if class & LETTER != 0 {
+            Some(|c| c & LETTER != 0)
+        } else if class & NUMBER != 0 {
+            Some(|c| c & NUMBER != 0)
+        } else if is_other(class) {
+            Some(is_other)
+        } else {
+            None
+        };
+        if let Some(in_run) = in_run {
+            pos += space as usize;
+            while in_run(t.class(pos)) {
+                pos += 1;
+            }
+            words.end_at(pos);
+            continue;
+        }
+        pos = whitespace(t, pos, &mut words);
+    }
+}
+
+/// `[^\s\p{L}\p{N}]`: punctuation, symbols and anything unassigned.
+fn is_other(class: u8) -> bool {
+    class & (SPACE | LETTER | NUMBER) == 0 && class & IN_TEXT != 0
+}
+
+fn split_llama3(t: &Chars, max_digits: usize, ends: &mut Vec<usize>) {
+    let len = t.chars.len();
+    let mut words = Words { ends, prev: 0 };
+    let mut pos = 0;
+    while pos < len {
+        let contraction = t.contraction(pos, true);
+        if contraction > 0 {
+            pos += contraction;
+            words.end_at(pos);
+            continue;
+        }
+        let class = t.class(pos);
+        // `[^\r\n\p{L}\p{N}]?\p{L}+`
+        if !t.is_cr_lf(pos) && class & NUMBER == 0 && (class & LETTER != 0 || t.is(pos + 1, LETTER))
+        {
+            pos += 1;
+            while t.is(pos, LETTER) {
+                pos += 1;
+            }
+            words.end_at(pos);
+            continue;
+        }
+        // `\p{N}{1,max_digits}`
+        if class & NUMBER != 0 {
+            let mut start = pos;
+            while t.is(pos, NUMBER) {
+                pos += 1;
+                if pos - start >= max_digits {
+                    words.end_at(pos);
+                    start = pos;
+                }
+            }
+            words.end_at(pos);
+            continue;
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+        let space = t.char(pos) == Some(' ');
+        let next = if space { t.class(pos + 1) } else { class };
+        if next & (SPACE | LETTER | NUMBER) == 0 {
+            pos += space as usize;
+            while is_other(t.class(pos)) {
+                pos += 1;
+            }
+            while t.is_cr_lf(pos) {
+                pos += 1;
+            }
+            words.end_at(pos);
+            continue;
+        }
+        // `\s*[\r\n]+`
+        let (_, last_cr_lf_end) = t.space_run(pos);
+        if last_cr_lf_end > 0 {
+            pos = last_cr_lf_end;
+            words.end_at(pos);
+            continue;
+        }
+        pos = whitespace(t, pos, &mut words);
+    }
+}
+
+/// `\s+(?!\S)|\s+`, else one unmatched character; returns the new position.
+fn whitespace(t: &Chars, mut pos: usize, words: &mut Words) -> usize {
+    let (n, _) = t.space_run(pos);
+    if n > 1 && pos + n < t.chars.len() {
+        // Leave the last space to lead the next word.
+        pos += n - 1;
+    } else if n > 0 {
+        pos += n;
+    } else {
+        pos += 1;
+    }
+    words.end_at(pos);
+    pos
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(pre: PreTokenizer, text: &str) -> Vec<&str> {
+        let mut ranges = Vec::new();
+        pre.split(text, &mut Scratch::default(), &mut ranges);
+        ranges.into_iter().map(|r| &text[r]).collect()
+    }
+
+    #[test]
+    fn llama3_splits_like_its_regex() {
+        let pre = PreTokenizer::Llama3 { max_digits: 3 };
+        assert_eq!(
+            words(pre, "Hello, y'all! I'M 12345 ok\n\n  x  "),
+            [
+                "Hello", ",", " y", "'all", "!", " I", "'M", " ", "123", "45", " ok", "\n\n", " ",
+                " x", "  "
+            ]
+        );
+    }
+
+    #[test]
+    fn qwen2_takes_digits_one_at_a_time() {
+        let pre = PreTokenizer::Llama3 { max_digits: 1 };
+        assert_eq!(words(pre, "a 123"), ["a", " ", "1", "2", "3"]);
+    }
+
+    #[test]
+    fn gpt2_splits_like_its_regex() {
+        assert_eq!(
+            words(PreTokenizer::Gpt2, "Hello world's 42  !!\n x"),
+            ["Hello", " world", "'s", " 42", " ", " !!", "\n", " x"]
+        );
+    }
+
+    #[test]
+    fn unicode_classes_follow_general_categories() {
+        assert_eq!(classify('é') & LETTER, LETTER);
+        assert_eq!(classify('٣') & NUMBER, NUMBER);
+        assert_eq!(classify('\u{3000}') & SPACE, SPACE);
+        assert_eq!(classify('🦀') & (LETTER | NUMBER | SPACE), 0);
+    }
+}
