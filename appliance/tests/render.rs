@@ -140,6 +140,19 @@ fn ssh_key_units() {
 }
 
 #[test]
+fn memory_baseline_runs_before_the_server() {
+    let unit = rendered("/etc/systemd/system/memory-baseline.service").contents;
+    assert_lines(
+        &unit,
+        &[
+            "Before=llm-server.service",
+            "ExecStart=/usr/bin/free --mebi",
+            "StandardOutput=journal+console",
+        ],
+    );
+}
+
+#[test]
 fn nftables_ruleset_lines() {
     let rules = rendered("/etc/nftables.conf");
     assert_eq!(rules.mode, 0o755);
@@ -245,7 +258,7 @@ fn systemd_analyze_verifies_the_units() {
         std::fs::write(&path, text).unwrap();
         units.push(path);
     }
-    assert_eq!(units.len(), 3);
+    assert_eq!(units.len(), 4);
     let out = Command::new("systemd-analyze")
         .arg("verify")
         .args(&units)

@@ -24,10 +24,11 @@ pub const APPLIANCE_BINARY: &str = "/usr/local/bin/appliance";
 /// The server's unit.
 pub const SERVER_UNIT: &str = "llm-server.service";
 /// Units the image must enable (Debian's names for the packaged ones).
-pub const UNITS_TO_ENABLE: [&str; 6] = [
+pub const UNITS_TO_ENABLE: [&str; 7] = [
     SERVER_UNIT,
     units::SSH_KEYS_UNIT,
     units::HOST_KEYS_UNIT,
+    units::BASELINE_UNIT,
     "earlyoom.service",
     "nftables.service",
     "systemd-networkd.service",
@@ -75,6 +76,7 @@ pub fn render(profile: &Profile) -> Vec<File> {
         ),
         File::config(units::SSH_KEYS_PATH, units::ssh_keys(profile)),
         File::config(units::HOST_KEYS_PATH, units::host_keys(profile)),
+        File::config(units::BASELINE_PATH, units::memory_baseline(profile)),
         File::config(
             "/etc/ssh/sshd_config.d/50-llm-appliance.conf",
             system::sshd(profile),

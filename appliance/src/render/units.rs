@@ -8,6 +8,8 @@ pub const SSH_KEYS_UNIT: &str = "oci-ssh-keys.service";
 pub const SSH_KEYS_PATH: &str = "/etc/systemd/system/oci-ssh-keys.service";
 pub const HOST_KEYS_UNIT: &str = "ssh-host-keys.service";
 pub const HOST_KEYS_PATH: &str = "/etc/systemd/system/ssh-host-keys.service";
+pub const BASELINE_UNIT: &str = "memory-baseline.service";
+pub const BASELINE_PATH: &str = "/etc/systemd/system/memory-baseline.service";
 
 /// `llm-server` exits with this status when the CPU lacks x86-64-v3 (server/src/main.rs):
 /// restarting cannot help, so systemd must not loop on it.
@@ -159,5 +161,29 @@ ExecStart=/usr/bin/ssh-keygen -A
 WantedBy=ssh.service
 ",
         header(profile, "#")
+    )
+}
+
+/// Prints the memory the OS uses once its own services are up and before the server starts
+/// (`free`'s "used" is MemTotal - MemAvailable) to the journal and the serial console, where
+/// OCI's console history and the VM tests read it: the headroom the profile plans on.
+pub fn memory_baseline(profile: &Profile) -> String {
+    format!(
+        "{}
+[Unit]
+Description=Record the memory the OS uses before the LLM server starts
+After=ssh.service earlyoom.service nftables.service systemd-networkd.service systemd-logind.service
+Before={}
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/free --mebi
+StandardOutput=journal+console
+
+[Install]
+WantedBy=multi-user.target
+",
+        header(profile, "#"),
+        super::SERVER_UNIT
     )
 }

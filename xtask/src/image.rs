@@ -1,0 +1,272 @@
+//! `cargo xtask image`: the appliance as a UEFI-bootable qcow2 for Oracle Cloud, built from
+//! Debian packages without Nix, loop devices or mounts.
+//!
+//! Steps: check the host's tools; build the release binaries; fetch the model; make (or reuse)
+//! a Debian base root file system with mmdebstrap; install the binaries, the model and the
+//! files rendered from the profile into it; pack it with `mkfs.ext4 -d`; build the EFI system
+//! partition with mtools; lay both out in a GPT disk with sgdisk; convert to qcow2; write a
+//! manifest. `--smoke` then boots the result in QEMU.
+
+mod disk;
+mod rootfs;
+mod smoke;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use appliance::Profile;
+use xshell::{cmd, Shell};
+
+#[derive(clap::Args)]
+pub struct Image {
+    /// The appliance profile to build.
+    #[arg(long, default_value = "appliance/profiles/e2-micro.toml")]
+    profile: PathBuf,
+    /// Output directory (the image is `<dir>/<profile name>.qcow2`).
+    #[arg(long, default_value = "target/appliance")]
+    out: PathBuf,
+    /// Rebuild the Debian base even if a cached one matches the package list.
+    #[arg(long)]
+    fresh: bool,
+    /// After building, boot the image in QEMU (TCG, the profile's RAM) and wait for the
+    /// serial console's login prompt.
+    #[arg(long)]
+    smoke: bool,
+    /// Seconds the smoke boot may take to reach the login prompt.
+    #[arg(long, default_value_t = 900)]
+    smoke_timeout: u64,
+}
+
+/// Debian packages the builder runs on the host, by the command each provides.
+const HOST_TOOLS: [(&str, &str); 7] = [
+    ("mmdebstrap", "mmdebstrap"),
+    ("mkfs.ext4", "e2fsprogs"),
+    ("mkfs.fat", "dosfstools"),
+    ("mcopy", "mtools"),
+    ("sgdisk", "gdisk"),
+    ("qemu-img", "qemu-utils"),
+    ("sha256sum", "coreutils"),
+];
+
+impl Image {
+    pub fn run(self, sh: &Shell) -> Result<()> {
+        let started = Instant::now();
+        let mut progress = Progress::new();
+        let profile = Profile::load(&self.profile)?;
+        let name = profile.machine.name.clone();
+        let out = sh.current_dir().join(&self.out);
+        let work = out.join("work");
+        sh.create_dir(&work)?;
+
+        progress.step("check the host's tools", || ensure_tools(sh, &HOST_TOOLS))?;
+        let binaries = progress.step("build llm-server and appliance (release)", || {
+            build_binaries(sh)
+        })?;
+        let model = progress.step("fetch and check the model", || model(sh, &profile))?;
+        let base = progress.step("Debian base (mmdebstrap)", || {
+            rootfs::base(sh, &out.join("cache"), self.fresh)
+        })?;
+        let layout = disk::Layout::new(sh)?;
+        let root_dir = work.join("rootfs");
+        progress.step("assemble the root file system", || {
+            rootfs::assemble(sh, &base, &root_dir, &profile, &binaries, &model, &layout)
+        })?;
+        let packages = rootfs::package_versions(sh, &root_dir)?;
+        let image = out.join(format!("{name}.qcow2"));
+        let built = progress.step("make the disk (ext4, ESP, GPT, qcow2)", || {
+            disk::build(sh, &root_dir, &work, &layout, &image)
+        })?;
+        progress.step("write the manifest", || {
+            let manifest = manifest(sh, &profile, &image, &built, &binaries, &packages)?;
+            let path = out.join("manifest.json");
+            std::fs::write(&path, serde_json::to_string_pretty(&manifest)? + "\n")
+                .with_context(|| format!("write {}", path.display()))
+        })?;
+        sh.remove_path(&work)?;
+        let size = std::fs::metadata(&image)?.len();
+        println!(
+            "built {} ({} MiB) in {:.0} s",
+            image.display(),
+            size >> 20,
+            started.elapsed().as_secs_f64()
+        );
+        if size > 1 << 30 {
+            eprintln!("warning: the image is over the 1 GiB goal");
+        }
+        if self.smoke {
+            let boot = progress.step("smoke boot (QEMU TCG)", || {
+                smoke::boot(sh, &image, &profile, &out, self.smoke_timeout)
+            })?;
+            println!("{boot}");
+        }
+        Ok(())
+    }
+}
+
+/// Prints each step's name, then its duration.
+struct Progress {
+    started: Instant,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            started: Instant::now(),
+        }
+    }
+
+    fn step<T>(&mut self, name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let at = self.started.elapsed().as_secs_f64();
+        eprintln!("==> [{at:6.1} s] {name}");
+        let begun = Instant::now();
+        let result = f().with_context(|| format!("step `{name}` failed"))?;
+        eprintln!("    done in {:.1} s", begun.elapsed().as_secs_f64());
+        Ok(result)
+    }
+}
+
+/// Checks each `(probe, package)`: the probe is a command on PATH, or an absolute path that
+/// must exist. As root installs the missing packages, otherwise names them.
+fn ensure_tools(sh: &Shell, tools: &[(&str, &str)]) -> Result<()> {
+    let present = |probe: &str| {
+        if probe.starts_with('/') {
+            Path::new(probe).exists()
+        } else {
+            cmd!(sh, "which {probe}")
+                .quiet()
+                .ignore_stdout()
+                .run()
+                .is_ok()
+        }
+    };
+    let mut missing: Vec<&str> = tools
+        .iter()
+        .filter(|(probe, _)| !present(probe))
+        .map(|(_, package)| *package)
+        .collect();
+    missing.dedup();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root(sh) {
+        bail!(
+            "missing tools; install them with: sudo apt-get install -y {}",
+            missing.join(" ")
+        );
+    }
+    eprintln!("    installing {}", missing.join(" "));
+    cmd!(sh, "apt-get update -qq").run()?;
+    cmd!(sh, "apt-get install -y -qq {missing...}")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .run()
+        .context("apt-get install of the image builder's tools failed")
+}
+
+fn is_root(sh: &Shell) -> bool {
+    cmd!(sh, "id -u").read().is_ok_and(|uid| uid.trim() == "0")
+}
+
+/// The two release binaries the image runs.
+pub struct Binaries {
+    pub server: PathBuf,
+    pub appliance: PathBuf,
+}
+
+fn build_binaries(sh: &Shell) -> Result<Binaries> {
+    cmd!(sh, "cargo build --release -p llm-server -p appliance")
+        .run()
+        .context(
+            "the release build failed: the image needs both binaries (llm-server must build \
+             with `cargo build --release -p llm-server`)",
+        )?;
+    let release = target_dir(sh)?.join("release");
+    Ok(Binaries {
+        server: release.join("llm-server"),
+        appliance: release.join("appliance"),
+    })
+}
+
+fn target_dir(sh: &Shell) -> Result<PathBuf> {
+    Ok(match sh.var_os("CARGO_TARGET_DIR") {
+        Some(dir) => sh.current_dir().join(dir),
+        None => sh.current_dir().join("target"),
+    })
+}
+
+/// The model from `cargo xtask model`'s cache, checked against the profile (the profile is the
+/// authority on which file the image carries).
+fn model(sh: &Shell, profile: &Profile) -> Result<PathBuf> {
+    let path = crate::model::ensure(sh, false)?;
+    let m = &profile.model;
+    if path.file_name().and_then(|n| n.to_str()) != Some(m.file.as_str()) {
+        bail!(
+            "the profile wants the model {}, but `cargo xtask model` provides {}",
+            m.file,
+            path.display()
+        );
+    }
+    let size = std::fs::metadata(&path)?.len();
+    let sha256 = sha256(sh, &path)?;
+    if size != m.size_bytes || sha256 != m.sha256 {
+        bail!(
+            "{} is {size} bytes with sha256 {sha256}; the profile says {} bytes, {}. Delete it \
+             and run `cargo xtask model` again",
+            path.display(),
+            m.size_bytes,
+            m.sha256
+        );
+    }
+    Ok(path)
+}
+
+pub fn sha256(sh: &Shell, path: &Path) -> Result<String> {
+    let line = cmd!(sh, "sha256sum {path}").read()?;
+    Ok(line
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+fn manifest(
+    sh: &Shell,
+    profile: &Profile,
+    image: &Path,
+    built: &disk::Built,
+    binaries: &Binaries,
+    packages: &serde_json::Map<String, serde_json::Value>,
+) -> Result<serde_json::Value> {
+    let file = |path: &Path| -> Result<serde_json::Value> {
+        Ok(serde_json::json!({
+            "bytes": std::fs::metadata(path)?.len(),
+            "sha256": sha256(sh, path)?,
+        }))
+    };
+    Ok(serde_json::json!({
+        "profile": {
+            "name": profile.machine.name,
+            "text": profile.source,
+        },
+        "image": {
+            "file": image.file_name().and_then(|n| n.to_str()),
+            "format": "qcow2",
+            "virtual_bytes": built.disk_bytes,
+            "file_bytes": std::fs::metadata(image)?.len(),
+            "sha256": sha256(sh, image)?,
+            "firmware": "UEFI_64",
+            "kernel_command_line": built.command_line,
+            "partitions": built.partitions,
+        },
+        "binaries": {
+            "llm-server": file(&binaries.server)?,
+            "appliance": file(&binaries.appliance)?,
+        },
+        "model": {
+            "file": profile.model.file,
+            "bytes": profile.model.size_bytes,
+            "sha256": profile.model.sha256,
+        },
+        "packages": packages,
+    }))
+}
