@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's build tasks. `main` only dispatches; each task is a module.
 
+mod image;
 mod model;
 mod util;
 
@@ -16,6 +17,8 @@ struct Cli {
 enum Cmd {
     /// Fetch the default model into the cache and print its path.
     Model(model::Model),
+    /// Build the appliance image (Debian, UEFI, qcow2) from its profile.
+    Image(image::Image),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -24,5 +27,6 @@ fn main() -> anyhow::Result<()> {
     sh.change_dir(util::project_root());
     match cli.cmd {
         Cmd::Model(cmd) => cmd.run(&sh),
+        Cmd::Image(cmd) => cmd.run(&sh),
     }
 }
