@@ -972,6 +972,45 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The fuzzer's seed corpus comes from this writer (fuzz/README.md):
+// `GGUF_FUZZ_SEEDS=fuzz/corpus/gguf_parse cargo test -p llm-server --test gguf_malformed
+// write_fuzz_seeds -- --ignored`.
+
+#[test]
+#[ignore = "writes the fuzz seed corpus into $GGUF_FUZZ_SEEDS"]
+fn write_fuzz_seeds() {
+    let dir = std::env::var_os("GGUF_FUZZ_SEEDS").expect("set GGUF_FUZZ_SEEDS to a directory");
+    let dir = Path::new(&dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let mut seeds = vec![
+        ("sample", sample().bytes()),
+        ("small", small().bytes()),
+        (
+            "nested",
+            GgufWriter::new().kv("k", Value::Array(nested(4))).bytes(),
+        ),
+    ];
+    let mut v2 = sample().alignment(64);
+    v2.version = 2;
+    seeds.push(("v2-align64", v2.bytes()));
+    // One valid tensor of every supported type, two rows of two blocks each.
+    for t in GgmlType::SUPPORTED {
+        let n = 2 * t.block_len();
+        let data = pattern(2 * t.row_bytes(n).unwrap(), t.id() as u8);
+        let w = GgufWriter::new().tensor(t.name(), t.id(), &[n as u64, 2], data);
+        seeds.push((t.name(), w.bytes()));
+    }
+    // The start of real vocabulary files, for their key layout.
+    for f in ["ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"] {
+        let bytes = std::fs::read(Path::new(GOLDEN).join("vocab").join(f)).unwrap();
+        seeds.push((f, bytes[..4096].to_vec()));
+    }
+    for (name, bytes) in seeds {
+        std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Regressions found by `fuzz/` (each input is the fuzzer's, minimised).
 
 // ---------------------------------------------------------------------------------------------
