@@ -86,7 +86,8 @@ impl Strings {
 }
 
 /// FxHash-style multiply-rotate over 8-byte words: tokens are short, so this beats SipHash by
-/// a wide margin and the table's load factor keeps probe chains short.
+/// a wide margin. Only the high bits are well mixed (each depends on every input bit), so
+/// tables index with those.
 pub fn hash_bytes(s: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let mut h = s.len() as u64;
@@ -101,14 +102,15 @@ pub fn hash_bytes(s: &[u8]) -> u64 {
         buf[..rest.len()].copy_from_slice(rest);
         h = (h.rotate_left(5) ^ u64::from_le_bytes(buf)).wrapping_mul(K);
     }
-    // Fold the well-mixed high bits down: the table indexes with the low bits.
-    h ^ (h >> 29)
+    h
 }
 
 /// Open-addressing map from token text to id; slots hold `id + 1` (0 = empty).
 struct TextIndex {
     slots: Vec<u32>,
     mask: usize,
+    /// `64 - log2(slots)`: the first slot of a text is its hash's top bits.
+    shift: u32,
 }
 
 impl TextIndex {
@@ -117,10 +119,11 @@ impl TextIndex {
         let mut index = TextIndex {
             slots: vec![0; cap],
             mask: cap - 1,
+            shift: 64 - cap.trailing_zeros(),
         };
         for id in 0..texts.len() {
             let text = texts.get(id);
-            let mut i = hash_bytes(text) as usize & index.mask;
+            let mut i = (hash_bytes(text) >> index.shift) as usize;
             loop {
                 match index.slots[i] {
                     0 => {
@@ -142,7 +145,7 @@ impl TextIndex {
     }
 
     fn find(&self, texts: &Strings, text: &[u8]) -> Option<u32> {
-        let mut i = hash_bytes(text) as usize & self.mask;
+        let mut i = (hash_bytes(text) >> self.shift) as usize;
         loop {
             match self.slots[i] {
                 0 => return None,
