@@ -113,6 +113,7 @@ const PRE_TOKENIZERS: &[(&str, PreTokenizer, bool)] = &[
     ("phi-2", PreTokenizer::Gpt2, false),
     ("mpt", PreTokenizer::Gpt2, false),
     ("olmo", PreTokenizer::Gpt2, false),
+    ("default", PreTokenizer::Default, false),
 ];
 
 /// Buffers reused across the words of one `encode` call.
@@ -176,7 +177,9 @@ impl Bpe {
     }
 
     pub fn from_metadata(md: &Metadata, vocab: &Vocab) -> Result<Bpe, TokenizerError> {
-        let pre_name = md.str("tokenizer.ggml.pre")?;
+        // Without the key llama.cpp falls back to its default pre-tokenizer (with a warning
+        // that quality suffers); so do we.
+        let pre_name = pre_tokenizer_name(md)?.unwrap_or("default");
         let &(_, pre, ignore_merges) =
             PRE_TOKENIZERS
                 .iter()
@@ -334,6 +337,15 @@ impl Bpe {
             });
         }
     }
+}
+
+/// `tokenizer.ggml.pre`, if present.
+pub fn pre_tokenizer_name(md: &Metadata) -> Result<Option<&str>, TokenizerError> {
+    const KEY: &str = "tokenizer.ggml.pre";
+    Ok(match md.get(KEY) {
+        Some(_) => Some(md.str(KEY)?),
+        None => None,
+    })
 }
 
 fn pair(left: u32, right: u32) -> u64 {

@@ -97,7 +97,7 @@ impl Tokenizer {
                 let bpe = Bpe::from_metadata(md, &vocab)?;
                 // llama.cpp's gpt2 defaults (bos = eos = 11) are arbitrary ids; without the
                 // keys there is simply no BOS/EOS here.
-                let add_bos = Bpe::adds_bos_by_default(md.str("tokenizer.ggml.pre")?);
+                let add_bos = bpe::pre_tokenizer_name(md)?.is_some_and(Bpe::adds_bos_by_default);
                 (Model::Bpe(bpe), None, None, add_bos)
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),

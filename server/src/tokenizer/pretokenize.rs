@@ -18,6 +18,10 @@ pub enum PreTokenizer {
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}|
     /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` (Llama 3: 3 digits; Qwen2: 1)
     Llama3 { max_digits: usize },
+    /// llama.cpp's fallback for BPE vocabularies without a known pre-tokenizer, four regexes
+    /// applied in turn, each splitting the pieces of the previous one:
+    /// `[\p{P}\$\+<=>\^~\|]+`, then GPT-2's, then `\p{N}+`, then `[0-9][0-9][0-9]`.
+    Default,
 }
 
 /// Class bits of one character. `IN_TEXT` marks a real character, so that positions past the
@@ -125,6 +129,7 @@ pub struct Scratch {
     chars: Vec<Char>,
     /// Word ends, in characters.
     ends: Vec<usize>,
+    tmp: Vec<usize>,
 }
 
 impl PreTokenizer {
@@ -146,6 +151,16 @@ impl PreTokenizer {
             PreTokenizer::Gpt2 => split_gpt2(&chars, &mut scratch.ends),
             PreTokenizer::Llama3 { max_digits } => {
                 split_llama3(&chars, max_digits, &mut scratch.ends)
+            }
+            PreTokenizer::Default => {
+                let ends = &mut scratch.ends;
+                let tmp = &mut scratch.tmp;
+                split_runs(&chars, |c| is_default_punct(c.c), ends);
+                refine(&chars, ends, tmp, split_gpt2);
+                refine(&chars, ends, tmp, |t, e| {
+                    split_runs(t, |c| c.class & NUMBER != 0, e)
+                });
+                refine(&chars, ends, tmp, split_digit_triples);
             }
         }
         let byte_at = |pos: usize| scratch.chars.get(pos).map_or(text.len(), |c| c.at as usize);
@@ -273,6 +288,70 @@ fn split_llama3(t: &Chars, max_digits: usize, ends: &mut Vec<usize>) {
     }
 }
 
+/// Splits each word of `ends` again with `split`, which sees the word alone (its end is the
+/// text's end, as for llama.cpp's regexes run on each previous piece).
+fn refine(
+    t: &Chars,
+    ends: &mut Vec<usize>,
+    tmp: &mut Vec<usize>,
+    split: impl Fn(&Chars, &mut Vec<usize>),
+) {
+    std::mem::swap(ends, tmp);
+    ends.clear();
+    let mut start = 0;
+    for &end in tmp.iter() {
+        let word = Chars {
+            chars: &t.chars[start..end],
+        };
+        let first = ends.len();
+        split(&word, ends);
+        for e in &mut ends[first..] {
+            *e += start;
+        }
+        start = end;
+    }
+}
+
+/// Maximal runs of characters that match `in_run` and of characters that do not: a regex
+/// `X+`, its matches and the gaps between them.
+fn split_runs(t: &Chars, in_run: impl Fn(&Char) -> bool, ends: &mut Vec<usize>) {
+    let mut words = Words { ends, prev: 0 };
+    let mut pos = 0;
+    while pos < t.chars.len() {
+        let matching = in_run(&t.chars[pos]);
+        while pos < t.chars.len() && in_run(&t.chars[pos]) == matching {
+            pos += 1;
+        }
+        words.end_at(pos);
+    }
+}
+
+/// `[0-9][0-9][0-9]`: leftmost triples of ASCII digits, and the gaps between them.
+fn split_digit_triples(t: &Chars, ends: &mut Vec<usize>) {
+    let digit = |pos| t.char(pos).is_some_and(|c| c.is_ascii_digit());
+    let mut words = Words { ends, prev: 0 };
+    let mut pos = 0;
+    while pos < t.chars.len() {
+        if digit(pos) && digit(pos + 1) && digit(pos + 2) {
+            words.end_at(pos);
+            pos += 3;
+            words.end_at(pos);
+        } else {
+            pos += 1;
+        }
+    }
+    words.end_at(t.chars.len());
+}
+
+/// `[\p{P}\$\+<=>\^~\|]`: punctuation, plus the ASCII symbols the default regex lists.
+fn is_default_punct(c: char) -> bool {
+    if c.is_ascii() {
+        c.is_ascii_punctuation() && c != '`'
+    } else {
+        c.general_category_group() == GeneralCategoryGroup::Punctuation
+    }
+}
+
 /// `\s+(?!\S)|\s+`, else one unmatched character; returns the new position.
 fn whitespace(t: &Chars, mut pos: usize, words: &mut Words) -> usize {
     let (n, _) = t.space_run(pos);
@@ -321,6 +400,14 @@ mod tests {
         assert_eq!(
             words(PreTokenizer::Gpt2, "Hello world's 42  !!\n x"),
             ["Hello", " world", "'s", " 42", " ", " !!", "\n", " x"]
+        );
+    }
+
+    #[test]
+    fn default_applies_its_four_regexes_in_turn() {
+        assert_eq!(
+            words(PreTokenizer::Default, "a+b=12345 x!! 7"),
+            ["a", "+", "b", "=", "123", "45", " x", "!!", " ", "7"]
         );
     }
 
