@@ -69,6 +69,12 @@ pub struct Tokenizer {
     eog: Vec<u64>,
 }
 
+// The engine shares one tokenizer between the HTTP handlers and the decode thread.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tokenizer>();
+};
+
 impl Tokenizer {
     /// Builds the tokenizer that `tokenizer.ggml.model` names.
     pub fn from_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {

@@ -99,7 +99,7 @@ pub struct SpecialTokens {
     /// `priority[id]`: position in llama.cpp's order (longest text first); only meaningful for
     /// special tokens.
     priority: Vec<u32>,
-    /// Texts of special tokens, in priority order (for the carving loop).
+    /// `(id, text length)` of the special tokens, in priority order.
     len_by_priority: Vec<(u32, usize)>,
 }
 
