@@ -15,6 +15,9 @@ use super::CliResult;
 /// The exit status of `plan` and `serve` when the plan does not fit.
 pub const EXIT_DOES_NOT_FIT: i32 = 2;
 
+/// Context per slot when none is asked for: Ollama's default, enough for chat.
+const DEFAULT_CTX: usize = 4096;
+
 #[derive(clap::Args)]
 pub struct Plan {
     /// The GGUF model file.
@@ -27,9 +30,10 @@ pub struct Plan {
 /// How much the server allocates: shared by `plan` and `serve`.
 #[derive(clap::Args, Clone, Copy)]
 pub struct Sizing {
-    /// Tokens of context per slot, or `auto` for the largest context that fits the memory limits.
-    #[arg(long, short = 'c', default_value = "4096")]
-    pub ctx_size: CtxSize,
+    /// Tokens of context per slot, or `auto` for the largest context that fits the memory
+    /// limits [default: 4096, or the model's training context if smaller]
+    #[arg(long, short = 'c')]
+    pub ctx_size: Option<CtxSize>,
     /// Requests generated at the same time, each with its own KV cache.
     #[arg(long, short = 'p', default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub parallel: u16,
@@ -71,7 +75,10 @@ impl Checked {
         let limits = MemoryLimits::discover();
         let n_ctx_train = Config::from_gguf(gguf)?.n_ctx_train;
         let parallel = usize::from(sizing.parallel);
-        let plan = match sizing.ctx_size {
+        let ctx_size = sizing
+            .ctx_size
+            .unwrap_or(CtxSize::Tokens(DEFAULT_CTX.min(n_ctx_train)));
+        let plan = match ctx_size {
             CtxSize::Tokens(n) => MemoryPlan::for_model_file(gguf, n, parallel)?,
             CtxSize::Auto => {
                 let budget = limits.tightest().map_or(u64::MAX, |l| l.bytes);

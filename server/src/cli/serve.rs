@@ -192,7 +192,7 @@ impl Serve {
             .with_graceful_shutdown(shutdown)
             .await?;
         // Anything still queued (e.g. on connections that closed) is released with the engine.
-        state.cancel_all();
+        let _ = tokio::task::spawn_blocking(move || state.cancel_all()).await;
         tracing::info!("stopped");
         Ok(if failed.load(std::sync::atomic::Ordering::Relaxed) {
             ExitCode::FAILURE

@@ -9,6 +9,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use super::error::ApiError;
 
@@ -26,9 +27,27 @@ where
         let bytes = Bytes::from_request(req, state)
             .await
             .map_err(|e| bytes_rejection(e, limit))?;
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+        let mut de = serde_json::Deserializer::from_slice(&bytes);
+        let value = serde_path_to_error::deserialize(&mut de).map_err(invalid_body)?;
+        de.end()
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+        Ok(JsonBody(value))
+    }
+}
+
+/// Reads `T` out of an already parsed body; several views of one body can be taken this way
+/// (e.g. the messages and the generation parameters of a chat request).
+pub fn from_value<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body).map_err(invalid_body)
+}
+
+/// The parser's message, prefixed with the field it is about (`messages[0].content: ...`).
+fn invalid_body<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> ApiError {
+    let path = e.path().to_string();
+    if path == "." {
+        ApiError::bad_request(format!("invalid JSON body: {}", e.inner()))
+    } else {
+        ApiError::bad_request(format!("invalid JSON body at `{path}`: {}", e.inner()))
     }
 }
 

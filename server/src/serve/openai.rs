@@ -6,12 +6,12 @@ use serde::{Deserialize, Serialize};
 use super::error::ApiError;
 use crate::sampler::SamplerParams;
 
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`: the messages. The generation parameters are read from the
+/// same body as a [`GenerationRequest`] (not `#[serde(flatten)]`, which loses field names from
+/// error messages).
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
-    #[serde(flatten)]
-    pub generation: GenerationRequest,
 }
 
 #[derive(Debug, Deserialize)]
@@ -57,12 +57,10 @@ impl ChatMessage {
     }
 }
 
-/// `POST /v1/completions`.
+/// `POST /v1/completions`: the prompt, beside a [`GenerationRequest`].
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
     pub prompt: Prompt,
-    #[serde(flatten)]
-    pub generation: GenerationRequest,
 }
 
 /// A completion prompt: text or token ids, alone or as a one-element list.
@@ -350,33 +348,33 @@ mod tests {
         serde_json::from_str(json)
     }
 
+    fn generation(json: &str) -> Result<Generation, ApiError> {
+        serde_json::from_str::<GenerationRequest>(json)
+            .unwrap()
+            .validate()
+    }
+
     #[test]
     fn unknown_fields_are_ignored_and_nulls_accepted() {
-        let req = chat(
-            r#"{"model":"m","messages":[{"role":"user","content":"hi","name":"x"}],
-            "logit_bias":{},"user":"u","temperature":null,"stop":null,"seed":null}"#,
-        )
-        .unwrap();
-        let generation = req.generation.validate().unwrap();
-        assert_eq!(
-            generation.sampler.temperature,
-            SamplerParams::default().temperature
-        );
-        assert!(generation.stop.is_empty());
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi","name":"x"}],
+            "logit_bias":{},"user":"u","temperature":null,"stop":null,"seed":null}"#;
+        assert_eq!(chat(body).unwrap().messages.len(), 1);
+        let g = generation(body).unwrap();
+        assert_eq!(g.sampler.temperature, SamplerParams::default().temperature);
+        assert!(g.stop.is_empty());
     }
 
     #[test]
     fn max_completion_tokens_wins_over_max_tokens() {
-        let req = chat(r#"{"messages":[],"max_tokens":5,"max_completion_tokens":7}"#).unwrap();
-        assert_eq!(req.generation.validate().unwrap().max_tokens, Some(7));
+        let g = generation(r#"{"max_tokens":5,"max_completion_tokens":7}"#).unwrap();
+        assert_eq!(g.max_tokens, Some(7));
     }
 
     #[test]
     fn stop_is_a_string_or_a_list() {
-        let one = chat(r#"{"messages":[],"stop":"\n"}"#).unwrap();
-        assert_eq!(one.generation.validate().unwrap().stop, vec!["\n"]);
-        let many = chat(r#"{"messages":[],"stop":["a","","b"]}"#).unwrap();
-        assert_eq!(many.generation.validate().unwrap().stop, vec!["a", "b"]);
+        assert_eq!(generation(r#"{"stop":"\n"}"#).unwrap().stop, vec!["\n"]);
+        let many = generation(r#"{"stop":["a","","b"]}"#).unwrap();
+        assert_eq!(many.stop, vec!["a", "b"]);
     }
 
     #[test]
@@ -387,7 +385,7 @@ mod tests {
             (r#"{"messages":[],"top_p":1.5}"#, "top_p"),
             (r#"{"messages":[],"max_tokens":0}"#, "max_tokens"),
         ] {
-            match chat(json).unwrap().generation.validate() {
+            match generation(json) {
                 Err(ApiError::BadRequest {
                     param: Some(p),
                     message,
@@ -402,10 +400,8 @@ mod tests {
 
     #[test]
     fn stream_options() {
-        let req = chat(r#"{"messages":[],"stream":true,"stream_options":{"include_usage":true}}"#)
-            .unwrap();
-        let generation = req.generation.validate().unwrap();
-        assert!(generation.stream && generation.include_usage);
+        let g = generation(r#"{"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
+        assert!(g.stream && g.include_usage);
     }
 
     #[test]

@@ -181,6 +181,13 @@ struct Slot {
     task: Option<Task>,
 }
 
+/// The outcome of one step of a slot.
+enum Step {
+    Continue,
+    /// The task is over; the event to send once the slot is free (`None`: the client left).
+    Finished(Option<Event>),
+}
+
 /// A job running in a slot.
 struct Task {
     job: Job,
@@ -200,6 +207,7 @@ struct Task {
 
 fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
     let metrics = &shared.metrics;
+    let slot_count = slots.len();
     loop {
         {
             let mut state = shared.lock();
@@ -240,15 +248,24 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
                 state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
             }
         }
-        let mut freed = 0;
         for slot in &mut slots {
-            if slot.task.is_some() && slot.step(model, metrics) {
-                slot.task = None;
-                freed += 1;
+            let Step::Finished(last) = slot.step(model, metrics) else {
+                continue;
+            };
+            let Some(task) = slot.task.take() else {
+                continue;
+            };
+            // The slot is counted free before the client hears the end, so that /metrics
+            // read right after a response never shows it busy.
+            let busy = {
+                let mut state = shared.lock();
+                state.idle_slots += 1;
+                slot_count - state.idle_slots
+            };
+            metrics.busy_slots.store(busy as u64, Relaxed);
+            if let Some(event) = last {
+                let _ = task.job.events.send(event);
             }
-        }
-        if freed > 0 {
-            shared.lock().idle_slots += freed;
         }
     }
 }
@@ -295,8 +312,8 @@ impl Task {
         let _ = self.job.events.send(event);
     }
 
-    /// Sends what is left of the text and the final event.
-    fn finish(&mut self, finish: FinishReason, stopped: bool) {
+    /// Sends what is left of the text; returns the final event.
+    fn finish(&mut self, finish: FinishReason, stopped: bool) -> Step {
         if !stopped {
             let tail = self.decoder.finish().unwrap_or_default();
             let stopped_now = self.stop.push(tail, &mut self.text);
@@ -310,27 +327,26 @@ impl Task {
                 self.send(Event::Text(text));
             }
         }
-        self.send(Event::Done {
+        Step::Finished(Some(Event::Done {
             finish,
             usage: Usage::new(self.prompt_len, self.generated),
-        });
+        }))
     }
 }
 
 impl Slot {
-    /// Runs one step of this slot's task; true when the task is over and the slot is free.
-    fn step(&mut self, model: &Model, metrics: &Metrics) -> bool {
+    /// Runs one step of this slot's task.
+    fn step(&mut self, model: &Model, metrics: &Metrics) -> Step {
         let Slot { session, task } = self;
         let Some(task) = task.as_mut() else {
-            return true;
+            return Step::Continue;
         };
         if task.job.events.is_closed() {
             metrics.cancelled.fetch_add(1, Relaxed);
-            return true;
+            return Step::Finished(None);
         }
         if Instant::now() >= task.job.deadline {
-            task.send(Event::Failed(JobFailure::Timeout));
-            return true;
+            return Step::Finished(Some(Event::Failed(JobFailure::Timeout)));
         }
 
         let started = Instant::now();
@@ -347,15 +363,14 @@ impl Slot {
         let logits = match session.eval(model, input) {
             Ok(logits) => logits,
             Err(e) => {
-                task.send(Event::Failed(JobFailure::Engine(e.to_string())));
-                return true;
+                return Step::Finished(Some(Event::Failed(JobFailure::Engine(e.to_string()))))
             }
         };
         if prefilling {
             metrics.add_prefill(started.elapsed());
             metrics.prompt_tokens.fetch_add(n_input as u64, Relaxed);
             if task.prefilled < task.prompt_len {
-                return false;
+                return Step::Continue;
             }
         } else {
             metrics.add_decode(started.elapsed());
@@ -364,8 +379,7 @@ impl Slot {
         let token = task.sampler.sample(logits, &task.history);
         let tokenizer = model.tokenizer();
         if tokenizer.is_eog(token) {
-            task.finish(FinishReason::Stop, false);
-            return true;
+            return task.finish(FinishReason::Stop, false);
         }
         task.history.push(token);
         task.generated += 1;
@@ -377,15 +391,13 @@ impl Slot {
                 task.send(Event::Text(text));
             }
             if stopped {
-                task.finish(FinishReason::Stop, true);
-                return true;
+                return task.finish(FinishReason::Stop, true);
             }
         }
         // The sampled token is evaluated at the next step, which needs a free cell.
         if task.generated >= task.max_tokens || session.n_past() >= session.n_ctx() {
-            task.finish(FinishReason::Length, false);
-            return true;
+            return task.finish(FinishReason::Length, false);
         }
-        false
+        Step::Continue
     }
 }

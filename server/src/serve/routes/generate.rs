@@ -16,7 +16,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::serve::chat_template::Turn;
 use crate::serve::error::ApiError;
-use crate::serve::json::JsonBody;
+use crate::serve::json::{from_value, JsonBody};
 use crate::serve::openai::*;
 use crate::serve::scheduler::{Event, Job, JobFailure, Refused};
 use crate::serve::AppState;
@@ -26,10 +26,11 @@ const RETRY_AFTER_SECS: u64 = 1;
 
 pub async fn chat(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<ChatRequest>,
+    JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     state.engine()?;
-    let generation = req.generation.validate()?;
+    let req: ChatRequest = from_value(&body)?;
+    let generation = from_value::<GenerationRequest>(&body)?.validate()?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_param(
             "messages",
@@ -61,10 +62,11 @@ pub async fn chat(
 
 pub async fn completions(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     state.engine()?;
-    let generation = req.generation.validate()?;
+    let req: CompletionRequest = from_value(&body)?;
+    let generation = from_value::<GenerationRequest>(&body)?.validate()?;
     let prompt = match req.prompt.into_input()? {
         PromptInput::Tokens(ids) => {
             let n_vocab = state.engine()?.model.tokenizer().n_vocab();
