@@ -2,7 +2,9 @@
 
 mod inspect;
 mod plan;
+mod run;
 mod serve;
+mod tokenize;
 
 use std::process::ExitCode;
 
@@ -25,8 +27,12 @@ enum Cmd {
     Inspect(inspect::Inspect),
     /// Print the memory plan (weights, KV cache, scratch) beside the memory limits found.
     Plan(plan::Plan),
+    /// Complete one prompt, streaming the generated text to stdout.
+    Run(run::Run),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::Serve),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(tokenize::Tokenize),
 }
 
 pub fn main() -> ExitCode {
@@ -34,7 +40,9 @@ pub fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Inspect(c) => c.run(),
         Cmd::Plan(c) => c.run(),
+        Cmd::Run(c) => c.run(),
         Cmd::Serve(c) => c.run(),
+        Cmd::Tokenize(c) => c.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
