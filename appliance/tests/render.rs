@@ -121,7 +121,6 @@ fn ssh_key_units() {
         &keys,
         &[
             "After=network-online.target",
-            "Before=ssh.service",
             "Type=oneshot",
             "ExecStart=/usr/bin/curl --fail --silent --show-error --retry 10 --retry-delay 3 --retry-all-errors --connect-timeout 5 --max-time 20 -H \"Authorization: Bearer Oracle\" -o /run/oci-ssh-keys/authorized_keys http://169.254.169.254/opc/v2/instance/metadata/ssh_authorized_keys",
             "ExecStart=/usr/bin/ssh-keygen -l -f /run/oci-ssh-keys/authorized_keys",

@@ -115,7 +115,8 @@ pub fn ssh_keys_url(profile: &Profile) -> String {
 
 /// Fetches root's SSH keys from OCI's metadata service at every boot. The keys land in a
 /// private runtime directory first and replace authorized_keys only once ssh-keygen has parsed
-/// them, so an error page or an unreachable service never locks the owner out.
+/// them, so an error page or an unreachable service never locks the owner out. sshd reads
+/// authorized_keys at each login, so it need not wait for this (and its retries).
 pub fn ssh_keys(profile: &Profile) -> String {
     format!(
         "{header}
@@ -123,7 +124,6 @@ pub fn ssh_keys(profile: &Profile) -> String {
 Description=Fetch root's SSH keys from the OCI instance metadata service
 Wants=network-online.target
 After=network-online.target
-Before=ssh.service
 
 [Service]
 Type=oneshot

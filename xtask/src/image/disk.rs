@@ -49,10 +49,11 @@ impl Layout {
     }
 
     /// The kernel's command line: root by partition UUID; the serial console last, so that it
-    /// is /dev/console and boot messages reach OCI's console history.
+    /// is /dev/console and boot messages reach OCI's console history; systemd's status lines
+    /// name units (`Started llm-server.service`) instead of cutting long descriptions short.
     pub fn command_line(&self) -> String {
         format!(
-            "root=PARTUUID={} ro console=tty0 console=ttyS0,115200",
+            "root=PARTUUID={} ro console=tty0 console=ttyS0,115200 systemd.status_unit_format=name",
             self.root_partuuid
         )
     }
@@ -90,11 +91,12 @@ pub fn build(sh: &Shell, root: &Path, work: &Path, layout: &Layout, image: &Path
     } = layout;
     cmd!(
         sh,
-        "sgdisk --quiet --clear --disk-guid={disk_guid}
-            --new=1:1MiB:+{esp_mib}MiB --typecode=1:{ESP_TYPE} --change-name=1:ESP --partition-guid=1:{esp_partuuid}
-            --new=2:0:+{root_mib}MiB --typecode=2:{ROOT_TYPE} --change-name=2:root --partition-guid=2:{root_partuuid}
+        "sgdisk --clear --disk-guid={disk_guid}
+            --new=1:1M:+{esp_mib}M --typecode=1:{ESP_TYPE} --change-name=1:ESP --partition-guid=1:{esp_partuuid}
+            --new=2:0:+{root_mib}M --typecode=2:{ROOT_TYPE} --change-name=2:root --partition-guid=2:{root_partuuid}
             {disk}"
     )
+    .ignore_stdout()
     .run()?;
     // Check the partitions landed where the images will be written.
     let table = cmd!(sh, "sgdisk --print {disk}").read()?;

@@ -43,8 +43,14 @@ const DPKG_OPTIONS: [&str; 6] = [
     "path-exclude=/usr/share/locale/*",
     "path-include=/usr/share/locale/locale.alias",
 ];
-/// Units that must not run: systemd-firstboot would prompt on the console of a fresh box.
-const UNITS_TO_MASK: [&str; 1] = ["systemd-firstboot.service"];
+/// Units that must not run: systemd-firstboot would prompt on the console of a fresh box, and
+/// apt's daily runs would compete with the model for 1 GB (the appliance is updated by
+/// replacing its image).
+const UNITS_TO_MASK: [&str; 3] = [
+    "systemd-firstboot.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+];
 
 fn mmdebstrap_args() -> Vec<String> {
     let mut args = vec![

@@ -19,21 +19,32 @@ const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 /// What the serial console showed.
 pub struct Boot {
     pub to_login: Duration,
-    /// `free --mebi`'s "used" from the memory-baseline unit, if it printed before the prompt.
+    /// `free --mebi`'s "used" from the memory-baseline unit.
     pub os_used_mib: Option<u64>,
+    /// The console line where systemd reported llm-server.service started or failed.
+    pub server: Option<(Duration, String)>,
     pub console: std::path::PathBuf,
 }
 
 impl fmt::Display for Boot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
+        writeln!(
             f,
-            "smoke boot: login prompt after {:.0} s; OS memory before the server: {}; console: {}",
-            self.to_login.as_secs_f64(),
-            self.os_used_mib
-                .map_or("not printed".to_owned(), |m| format!("{m} MiB used")),
-            self.console.display()
-        )
+            "smoke boot: login prompt after {:.0} s",
+            self.to_login.as_secs_f64()
+        )?;
+        match self.os_used_mib {
+            Some(m) => writeln!(f, "  OS memory used before the server starts: {m} MiB")?,
+            None => writeln!(f, "  OS memory before the server: not printed")?,
+        }
+        match &self.server {
+            Some((at, line)) => writeln!(f, "  after {:.0} s: {line}", at.as_secs_f64())?,
+            None => writeln!(
+                f,
+                "  llm-server.service: no start or failure reported in time"
+            )?,
+        }
+        write!(f, "  console: {}", self.console.display())
     }
 }
 
@@ -85,13 +96,20 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
         .spawn()
         .context("start qemu-system-x86_64")?);
     let deadline = Duration::from_secs(timeout);
+    let mut to_login = None;
     loop {
         std::thread::sleep(Duration::from_secs(2));
         let text = std::fs::read_to_string(&console).unwrap_or_default();
-        if text.contains(" login: ") || text.trim_end().ends_with("login:") {
+        if to_login.is_none() && text.contains(" login: ") {
+            to_login = Some(started.elapsed());
+        }
+        let server = server_outcome(&text);
+        // After the prompt, wait for the server's outcome too (loading takes a while under TCG).
+        if let (Some(to_login), Some(line)) = (to_login, &server) {
             return Ok(Boot {
-                to_login: started.elapsed(),
+                to_login,
                 os_used_mib: used_mib(&text),
+                server: Some((started.elapsed(), line.clone())),
                 console,
             });
         }
@@ -102,12 +120,48 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
             );
         }
         if started.elapsed() > deadline {
-            bail!(
-                "no login prompt on the serial console within {timeout} s:\n{}",
-                tail(&text)
-            );
+            let Some(to_login) = to_login else {
+                bail!(
+                    "no login prompt on the serial console within {timeout} s:\n{}",
+                    tail(&text)
+                );
+            };
+            return Ok(Boot {
+                to_login,
+                os_used_mib: used_mib(&text),
+                server: None,
+                console,
+            });
         }
     }
+}
+
+/// systemd's status line for llm-server.service starting (READY=1) or failing.
+fn server_outcome(console: &str) -> Option<String> {
+    console
+        .lines()
+        .filter(|l| l.contains("llm-server.service"))
+        .find(|l| l.contains("Started") || l.contains("Failed") || l.contains("failed"))
+        .map(strip_ansi)
+}
+
+/// The text of a console line without its colour codes.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ parameters final-letter
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out.trim().to_owned()
 }
 
 /// "used" from `free --mebi`'s `Mem:` line: `Mem: total used free shared buff/cache available`.
