@@ -2,6 +2,8 @@
 
 mod image;
 mod model;
+mod run;
+mod test;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -19,6 +21,10 @@ enum Cmd {
     Model(model::Model),
     /// Build the appliance image (Debian, UEFI, qcow2) from its profile.
     Image(image::Image),
+    /// Complete a prompt with the default model (fetched if needed) through `llm-server run`.
+    Run(run::Run),
+    /// Run every check CI runs: tests (release, on the default model), clippy, rustfmt.
+    Test(test::Test),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,5 +34,7 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Model(cmd) => cmd.run(&sh),
         Cmd::Image(cmd) => cmd.run(&sh),
+        Cmd::Run(cmd) => cmd.run(&sh),
+        Cmd::Test(cmd) => cmd.run(&sh),
     }
 }
