@@ -1,6 +1,6 @@
 //! `llm-server run`: complete one prompt and stream the generated text to stdout.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -121,6 +121,10 @@ impl Run {
         }
         if let Some(rest) = text.finish() {
             emit(&mut out, rest)?;
+        }
+        // Only the generated text goes to a pipe; a terminal also gets the prompt back on its own line.
+        if out.is_terminal() {
+            emit(&mut out, "\n")?;
         }
         let decode = decode_start.elapsed();
 
