@@ -84,6 +84,14 @@ struct SharedOut(*mut f32);
 unsafe impl Sync for SharedOut {}
 unsafe impl Send for SharedOut {}
 
+impl SharedOut {
+    /// Through a method, so closures capture the whole (Sync) wrapper, not the raw pointer.
+    fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: callers pass indices inside the buffer the pointer came from.
+        unsafe { self.0.add(i) }
+    }
+}
+
 /// `out[t * w.rows + r] = dot(w.row(r), act_t)` for the n activation rows in `acts`.
 pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mut [f32]) {
     assert!(
@@ -98,14 +106,13 @@ pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mu
     // Enough chunks for dynamic balancing, few enough that the shared counter stays cold.
     let chunk = (rows / (pool.threads() * 16)).clamp(16, 4096);
     pool.for_chunks(rows, chunk, &|_, range| {
-        let dst = dst;
         for r in range {
             let wrow = &data[r * w.row_bytes..(r + 1) * w.row_bytes];
             for t in 0..n {
                 let a = &acts[t * act_row..(t + 1) * act_row];
                 let v = vec_dot(w.ty, w.cols, wrow, a);
                 // SAFETY: row r belongs to this chunk only; index < n * rows <= out.len().
-                unsafe { *dst.0.add(t * rows + r) = v };
+                unsafe { *dst.at(t * rows + r) = v };
             }
         }
     });

@@ -5,12 +5,10 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-/// `out = x / sqrt(mean(x²) + eps) * w`. The sum of squares is accumulated in f64 and the two
-/// multiplications are rounded separately, as ggml's `rms_norm` followed by `mul` does.
+/// `out = x / sqrt(mean(x²) + eps) * w`. Squares are rounded to f32 and summed in f64, and the
+/// two multiplications are rounded separately, as ggml's `rms_norm` followed by `mul` does.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(w) {
         *o = (v * scale) * w;
     }
@@ -18,12 +16,16 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 /// [`rms_norm`] in place.
 pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
-    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for (v, &w) in x.iter_mut().zip(w) {
         *v = (*v * scale) * w;
     }
+}
+
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 /// cos/sin of every rotary pair for one position, computed as `ggml_rope_cache_init` does:

@@ -97,6 +97,9 @@ impl Scratch {
     }
 }
 
+/// Receives the logits after each token when all of them are wanted.
+type LogitsSink<'a> = &'a mut dyn FnMut(usize, &[f32]);
+
 pub struct Session {
     n_ctx: usize,
     n_past: usize,
@@ -167,7 +170,7 @@ impl Session {
         &mut self,
         m: &Model,
         tokens: &[u32],
-        mut each: Option<&mut dyn FnMut(usize, &[f32])>,
+        mut each: Option<LogitsSink>,
     ) -> Result<(), ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
@@ -381,8 +384,9 @@ impl Session {
 }
 
 /// Causal attention of the n queries at positions `pos0..pos0+n` over the cache, parallel over
-/// (token, head). Q is rounded to f16 before the dot with the f16 keys, as llama.cpp converts
-/// it to the cache type; scores and the weighted sum of values are f32.
+/// (token, head), with llama.cpp's rounding points (its default, non-flash path): Q is rounded
+/// to f16 for the dot with the f16 keys, the softmax is f32, and the probabilities are rounded
+/// to f16 for the weighted sum of the f16 values, which accumulates in f32.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     m: &Model,
@@ -435,6 +439,8 @@ fn attention(
             ops::softmax(sc);
             o.iter_mut().for_each(|v| *v = 0.0);
             for (j, &p) in sc.iter().enumerate() {
+                // llama.cpp multiplies the f16 values by the probabilities converted to f16.
+                let p = f16::from_f32(p).to_f32();
                 let cell = lkv.cell(first + j);
                 let v = &lkv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
                 for (o, &v) in o.iter_mut().zip(v) {
