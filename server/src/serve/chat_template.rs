@@ -18,7 +18,8 @@ pub struct Turn {
 
 pub enum ChatTemplate {
     Jinja {
-        env: Environment<'static>,
+        /// Boxed: an environment is large, and the built-in variant is a unit.
+        env: Box<Environment<'static>>,
         bos: String,
         eos: String,
     },
@@ -60,7 +61,7 @@ impl ChatTemplate {
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(TemplateError::Syntax)?;
         Ok(ChatTemplate::Jinja {
-            env,
+            env: Box::new(env),
             bos: bos.to_owned(),
             eos: eos.to_owned(),
         })
