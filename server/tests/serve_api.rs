@@ -7,6 +7,8 @@ mod serve_support;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -497,4 +499,67 @@ fn health_is_503_until_loaded_then_openapi_matches_the_routes() {
         &[path.to_str().unwrap()],
     );
     std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn systemd_notify_ready_watchdog_stopping_and_plain_logs() {
+    let dir = std::env::temp_dir().join(format!("llm-serve-notify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket_path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let env = [
+        ("NOTIFY_SOCKET", socket_path.as_path()),
+        ("WATCHDOG_USEC", Path::new("200000")),
+    ];
+    let s = Server::spawn_with_env(&synth_model(), &[], &env);
+    let mut buf = [0u8; 256];
+    let mut next = || {
+        let n = socket
+            .recv(&mut buf)
+            .expect("no notification from the server");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+
+    // READY=1 only once the model is loaded: /health is 200 by then.
+    let mut seen = Vec::new();
+    while !seen.iter().any(|m| m == "READY=1") {
+        seen.push(next());
+    }
+    assert_eq!(s.get("/health").status, 200);
+    // Pings every WATCHDOG_USEC / 2 = 100 ms.
+    let started = Instant::now();
+    let mut pings = 0;
+    while pings < 3 {
+        if next() == "WATCHDOG=1" {
+            pings += 1;
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "3 pings took {:?}",
+        started.elapsed()
+    );
+
+    let log = s.log();
+    let pid = s.pid();
+    let status = s.terminate(Duration::from_secs(10));
+    assert!(status.success(), "exit status {status}");
+    let mut rest = Vec::new();
+    while let Ok(n) = socket.recv(&mut buf) {
+        rest.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        if rest.last().unwrap() == "STOPPING=1" {
+            break;
+        }
+    }
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("STOPPING=1"),
+        "pid {pid}: {rest:?}"
+    );
+    // stderr is a file here, not a terminal: no colour escapes in the log.
+    assert!(log.contains("ready") && !log.contains('\u{1b}'), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

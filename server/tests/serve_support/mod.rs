@@ -44,6 +44,11 @@ impl Server {
 
     /// Starts the server without waiting for it.
     pub fn spawn(model: &Path, args: &[&str]) -> Server {
+        Server::spawn_with_env(model, args, &[])
+    }
+
+    /// Starts the server with extra environment variables, without waiting for it.
+    pub fn spawn_with_env(model: &Path, args: &[&str], env: &[(&str, &Path)]) -> Server {
         let port = free_port();
         let log =
             std::env::temp_dir().join(format!("llm-serve-test-{}-{port}.log", std::process::id()));
@@ -54,6 +59,7 @@ impl Server {
             .arg(model)
             .args(["--port", &port.to_string()])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

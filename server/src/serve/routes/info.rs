@@ -68,3 +68,34 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}});
     (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::http::header::RETRY_AFTER;
+
+    use super::*;
+    use crate::serve::metrics::Metrics;
+    use crate::serve::HttpConfig;
+
+    /// Before the engine is installed every model route says 503 "loading" with Retry-After.
+    #[tokio::test]
+    async fn health_and_models_are_503_while_loading() {
+        let http = HttpConfig {
+            body_limit: 1024,
+            request_timeout: Duration::from_secs(1),
+            api_keys: Default::default(),
+            protect_probes: false,
+        };
+        let state = AppState::new(http, Arc::new(Metrics::default()));
+        for response in [
+            health(State(state.clone())).await.into_response(),
+            models(State(state.clone())).await.into_response(),
+        ] {
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert!(response.headers().contains_key(RETRY_AFTER));
+        }
+    }
+}
