@@ -374,6 +374,28 @@ fn disconnecting_client_frees_its_slot_within_a_second() {
     );
     eprintln!("slot freed {took:?} after the client disconnected");
     assert_eq!(s.metric("llm_cancelled_total"), 1.0);
+    // A client waiting for a non-streamed answer that gives up frees the slot as well.
+    let mut waiting = TcpStream::connect(s.addr).unwrap();
+    let body = json!({"prompt": "Once", "max_tokens": LONG_GENERATION});
+    write_request(
+        &mut waiting,
+        "POST",
+        "/v1/completions",
+        &[],
+        body.to_string().as_bytes(),
+    )
+    .unwrap();
+    wait_for("request running", Duration::from_secs(10), || {
+        s.metric("llm_busy_slots") == 1.0
+    });
+    drop(waiting);
+    let took = wait_for(
+        "slot freed after a non-streaming client left",
+        Duration::from_secs(1),
+        || s.metric("llm_busy_slots") == 0.0,
+    );
+    eprintln!("slot freed {took:?} after the non-streaming client left");
+    assert_eq!(s.metric("llm_cancelled_total"), 2.0);
     // The freed slot serves the next request.
     let r = s.post_json("/v1/completions", &json!({"prompt": "a", "max_tokens": 2}));
     assert_eq!(r.status, 200);
