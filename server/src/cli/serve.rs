@@ -30,6 +30,7 @@ pub struct Serve {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
+    /// Port to listen on.
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// Requests that may wait for a slot; beyond this the answer is 503 with Retry-After.
