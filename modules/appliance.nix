@@ -1,0 +1,160 @@
+# llm-appliance: the appliance policy from its profile (appliance/profiles/*.toml), the same
+# files the Debian image installs, as NixOS options: the server's service and memory limits,
+# zram, sysctls, earlyoom, the nftables allowlist, SSH keys from OCI's metadata service, and
+# the profile itself for `appliance doctor`. ./profile.nix does the mapping.
+{
+  config,
+  lib,
+  pkgs,
+  utils,
+  ...
+}:
+let
+  cfg = config.llm-appliance;
+  inherit (lib)
+    concatStringsSep
+    literalExpression
+    mapAttrsToList
+    mkDefault
+    mkEnableOption
+    mkForce
+    mkIf
+    mkOption
+    types
+    ;
+  v = cfg.values;
+
+  # The programs the profile's commands name, from the store.
+  programs = {
+    curl = lib.getExe pkgs.curl;
+    ssh-keygen = "${config.programs.ssh.package}/bin/ssh-keygen";
+    install = "${pkgs.coreutils}/bin/install";
+    free = "${pkgs.procps}/bin/free";
+  };
+  command =
+    words: utils.escapeSystemdExecArgs ([ programs.${builtins.head words} ] ++ builtins.tail words);
+in
+{
+  options.llm-appliance = {
+    enable = mkEnableOption "the LLM appliance's policy (memory stack, firewall, server limits) from its profile";
+
+    profile = mkOption {
+      type = types.path;
+      default = ../appliance/profiles/e2-micro.toml;
+      defaultText = literalExpression "./appliance/profiles/e2-micro.toml";
+      description = ''
+        The appliance profile: every value of the policy comes from it. `appliance check
+        --profile FILE` tells whether its numbers fit together.
+      '';
+    };
+
+    package = mkOption {
+      type = types.package;
+      default = pkgs.callPackage ../nix/package.nix { crate = "appliance"; };
+      defaultText = literalExpression ''pkgs.callPackage ./nix/package.nix { crate = "appliance"; }'';
+      description = "The `appliance` command, whose `appliance doctor` checks the box against the profile.";
+    };
+
+    values = mkOption {
+      type = types.raw;
+      readOnly = true;
+      internal = true;
+      description = "The profile mapped to NixOS values by modules/profile.nix.";
+    };
+  };
+
+  config = lib.mkMerge [
+    { llm-appliance.values = import ./profile.nix (builtins.fromTOML (builtins.readFile cfg.profile)); }
+
+    (mkIf cfg.enable {
+      assertions = [
+        {
+          assertion = !config.services.llm-server.openFirewall;
+          message = ''
+            services.llm-server.openFirewall does nothing under llm-appliance: the appliance's
+            nftables ruleset replaces the NixOS firewall and admits the API from the profile's
+            network.api_cidrs. Change those instead.
+          '';
+        }
+      ];
+
+      networking.hostName = mkDefault v.hostName;
+
+      # The box carries its own policy: `appliance doctor` reads it from here.
+      environment.etc."llm-appliance/profile.toml".source = cfg.profile;
+      environment.systemPackages = [ cfg.package ];
+
+      services.llm-server = {
+        enable = true;
+        host = mkDefault v.server.host;
+        port = mkDefault v.server.port;
+        contextSize = mkDefault v.server.contextSize;
+        parallel = mkDefault v.server.parallel;
+        model = mkDefault (pkgs.callPackage ../nix/model.nix { inherit (cfg) profile; });
+      };
+      systemd.services.llm-server = {
+        inherit (v.serverUnit) startLimitIntervalSec;
+        serviceConfig = v.serverUnit.serviceConfig // v.serverUnit.limits;
+      };
+
+      services.zram-generator = {
+        enable = true;
+        settings = v.zramGenerator;
+      };
+      boot.kernel.sysctl = v.sysctl;
+
+      services.earlyoom.enable = true;
+      # Exactly the profile's arguments, as `appliance doctor` checks them: the NixOS module
+      # would add `-r 3600` and shell-quote the regexes, which systemd's word splitting of
+      # $EARLYOOM_ARGS does not undo. The words contain no whitespace (see profile.nix).
+      systemd.services.earlyoom.environment.EARLYOOM_ARGS = mkForce (concatStringsSep " " v.earlyoomArgs);
+      # earlyoom is the one user-space killer: systemd-oomd would be a second daemon in 1 GB,
+      # acting on pressure instead of the thresholds the profile sets.
+      systemd.oomd.enable = false;
+
+      # The appliance's ruleset is the whole firewall (default drop both ways), so the NixOS
+      # firewall, which only filters input, stands down.
+      networking.firewall.enable = false;
+      networking.nftables = {
+        enable = true;
+        ruleset = v.nftablesRuleset;
+      };
+
+      services.openssh = {
+        enable = true;
+        inherit (v.openssh) ports settings;
+      };
+
+      systemd.services.oci-ssh-keys = {
+        inherit (v.sshKeys) description;
+        wants = [ "network-online.target" ];
+        after = [ "network-online.target" ];
+        wantedBy = [ "multi-user.target" ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          RuntimeDirectory = v.sshKeys.runtimeDirectory;
+          RuntimeDirectoryMode = "0700";
+          ExecStart = map command v.sshKeys.commands;
+        };
+      };
+
+      systemd.services.memory-baseline = {
+        inherit (v.memoryBaseline) description after before;
+        wantedBy = [ "multi-user.target" ];
+        serviceConfig = {
+          Type = "oneshot";
+          ExecStart = command v.memoryBaseline.command;
+          StandardOutput = "journal+console";
+        };
+      };
+
+      services.journald = {
+        storage = v.journald.Storage;
+        extraConfig = concatStringsSep "\n" (
+          mapAttrsToList (key: value: "${key}=${value}") (removeAttrs v.journald [ "Storage" ])
+        );
+      };
+    })
+  ];
+}

@@ -1,0 +1,156 @@
+# services.llm-server: llm-server's OpenAI-compatible API as a confined systemd service that is
+# ready (Type=notify) only once the model is loaded. Its defaults are the shipped appliance
+# profile's; the appliance policy (./appliance.nix) adds the memory limits sized for the box.
+{
+  config,
+  lib,
+  pkgs,
+  utils,
+  ...
+}:
+let
+  cfg = config.services.llm-server;
+  inherit (lib)
+    literalExpression
+    mkEnableOption
+    mkIf
+    mkOption
+    optionalString
+    types
+    ;
+
+  shipped = import ./profile.nix (
+    builtins.fromTOML (builtins.readFile ../appliance/profiles/e2-micro.toml)
+  );
+  serveArgs = import ./serve-args.nix;
+
+  # systemd hands the key file to the unit's dynamic user in its credentials directory (%d),
+  # so the file itself can stay root-only.
+  apiKeyCredential = "api-keys";
+in
+{
+  options.services.llm-server = {
+    enable = mkEnableOption "llm-server, an OpenAI-compatible LLM inference server for GGUF models";
+
+    package = mkOption {
+      type = types.package;
+      default = pkgs.callPackage ../nix/package.nix { crate = "server"; };
+      defaultText = literalExpression ''pkgs.callPackage ./nix/package.nix { crate = "server"; }'';
+      description = "The llm-server package (built for x86-64-v3).";
+    };
+
+    model = mkOption {
+      type = types.path;
+      default = pkgs.callPackage ../nix/model.nix { };
+      defaultText = literalExpression "pkgs.callPackage ./nix/model.nix { } # the profile's model, Gemma 3 270M Q4_K_M";
+      example = "/var/lib/models/qwen2.5-0.5b-instruct-q4_k_m.gguf";
+      description = ''
+        The GGUF model file to serve. It is memory-mapped read-only, so a file in the Nix store
+        works and its pages stay shared, reclaimable page cache.
+      '';
+    };
+
+    host = mkOption {
+      type = types.str;
+      default = "127.0.0.1";
+      example = "0.0.0.0";
+      description = "Address to listen on. Loopback by default: opening the API is a decision.";
+    };
+
+    port = mkOption {
+      type = types.port;
+      default = shipped.server.port;
+      description = "TCP port of the HTTP API.";
+    };
+
+    contextSize = mkOption {
+      type = types.either types.ints.positive (types.enum [ "auto" ]);
+      default = shipped.server.contextSize;
+      example = "auto";
+      description = ''
+        Tokens of context per slot (`--ctx-size`), or `"auto"` for the largest context whose
+        KV cache fits the unit's memory limits.
+      '';
+    };
+
+    parallel = mkOption {
+      type = types.ints.between 1 256;
+      default = shipped.server.parallel;
+      description = ''
+        Requests generated at the same time (`--parallel`); each slot has its own KV cache,
+        allocated at start.
+      '';
+    };
+
+    apiKeyFile = mkOption {
+      type = types.nullOr types.path;
+      default = null;
+      example = "/run/secrets/llm-api-keys";
+      description = ''
+        File of API keys, one per line; requests then need `Authorization: Bearer <key>`.
+        Passed to the service as a systemd credential, so it may be readable by root only.
+        Give it as a string: a path literal would be copied into the world-readable Nix store.
+      '';
+    };
+
+    openFirewall = mkOption {
+      type = types.bool;
+      default = false;
+      description = "Open {option}`services.llm-server.port` in the NixOS firewall.";
+    };
+
+    extraArgs = mkOption {
+      type = types.listOf types.str;
+      default = [ ];
+      example = [
+        "--threads"
+        "2"
+        "--queue"
+        "4"
+      ];
+      description = "More arguments for `llm-server serve`, one word each (see `llm-server serve --help`).";
+    };
+  };
+
+  config = mkIf cfg.enable {
+    assertions = [
+      {
+        assertion = cfg.apiKeyFile == null || !lib.hasPrefix builtins.storeDir (toString cfg.apiKeyFile);
+        message = ''
+          services.llm-server.apiKeyFile is in the Nix store, which every user can read: keep
+          the keys outside it (e.g. /run/secrets) and give the path as a string.
+        '';
+      }
+    ];
+
+    networking.firewall.allowedTCPPorts = mkIf cfg.openFirewall [ cfg.port ];
+
+    systemd.services.llm-server = {
+      inherit (shipped.serverUnit)
+        description
+        after
+        wantedBy
+        startLimitIntervalSec
+        ;
+      # Defaults, so the appliance policy (another profile) or the user can change any of them.
+      serviceConfig = lib.mapAttrs (_: lib.mkDefault) shipped.serverUnit.serviceConfig // {
+        ExecStart =
+          utils.escapeSystemdExecArgs (
+            [ (lib.getExe cfg.package) ]
+            ++ serveArgs {
+              inherit (cfg)
+                model
+                host
+                port
+                contextSize
+                parallel
+                ;
+            }
+            ++ cfg.extraArgs
+          )
+          + optionalString (cfg.apiKeyFile != null) " --api-key-file %d/${apiKeyCredential}";
+        LoadCredential = mkIf (cfg.apiKeyFile != null) "${apiKeyCredential}:${toString cfg.apiKeyFile}";
+      };
+    };
+  };
+}

@@ -1,0 +1,315 @@
+# The appliance profile (appliance/profiles/*.toml, as `builtins.fromTOML` reads it) mapped to
+# the values the NixOS modules set. Builtins only, so it evaluates without nixpkgs; the test
+# appliance/tests/nix_profile.rs evaluates it and compares every value with what
+# `appliance render` writes for the Debian image, so the two builders cannot drift apart.
+#
+# The profile holds the numbers; what is fixed here (the hardening, the ICMP types, the unit's
+# restart policy) is the same policy the Rust renderer fixes, and the test holds them equal.
+profile:
+let
+  inherit (profile)
+    machine
+    model
+    server
+    zram
+    earlyoom
+    network
+    oci
+    ;
+
+  join = builtins.concatStringsSep;
+  mib = n: "${toString n}M";
+
+  # The server's process name, always first in earlyoom's avoid list (appliance/src/profile.rs).
+  serverProcess = "llm-server";
+
+  # An anchored regex matching exactly these process names. They are letters, digits, `-` and
+  # `_` (the profile loader refuses others), so none needs escaping, and no word has a space:
+  # systemd splits $EARLYOOM_ARGS at whitespace.
+  anyOf = names: "^(${join "|" names})$";
+
+  isIPv4 = cidr: builtins.match ".*:.*" cidr == null;
+
+  # ICMP that IPv4 needs (path MTU discovery, errors) plus ping; ICMPv6 without which IPv6
+  # breaks: errors, packet-too-big, neighbour and router discovery.
+  icmpTypes = "echo-request, destination-unreachable, time-exceeded, parameter-problem";
+  icmpv6Types = join ", " [
+    "echo-request"
+    "destination-unreachable"
+    "packet-too-big"
+    "time-exceeded"
+    "parameter-problem"
+    "nd-router-advert"
+    "nd-neighbor-solicit"
+    "nd-neighbor-advert"
+  ];
+
+  # A named interval set of one family's networks, declared even when empty so the rules that
+  # use it are the same for every profile.
+  addressSet =
+    name: kind: cidrs:
+    let
+      elements = if cidrs == [ ] then "" else "\t\telements = { ${join ", " cidrs} }\n";
+    in
+    "\tset ${name} {\n\t\ttype ${kind}\n\t\tflags interval\n${elements}\t}\n";
+
+  addressSets = join "" (
+    map
+      (
+        { name, cidrs }:
+        addressSet "${name}_v4" "ipv4_addr" (builtins.filter isIPv4 cidrs)
+        + addressSet "${name}_v6" "ipv6_addr" (builtins.filter (c: !isIPv4 c) cidrs)
+      )
+      [
+        {
+          name = "ssh";
+          cidrs = network.ssh_cidrs;
+        }
+        {
+          name = "api";
+          cidrs = network.api_cidrs;
+        }
+        {
+          name = "egress";
+          cidrs = network.egress_cidrs;
+        }
+      ]
+  );
+
+  ssh = toString network.ssh_port;
+  api = toString server.api_port;
+in
+{
+  inherit (machine) name;
+  hostName = machine.hostname;
+  ramMiB = machine.ram_mib;
+
+  # The model file baked into the image, checked against this hash when it is fetched.
+  model = {
+    inherit (model) file sha256;
+    sizeBytes = model.size_bytes;
+  };
+
+  # `services.llm-server` settings: the appliance serves on every address, the allowlist in
+  # `nftablesRuleset` decides who may connect.
+  server = {
+    host = "0.0.0.0";
+    port = server.api_port;
+    contextSize = server.ctx_size;
+    parallel = server.parallel;
+  };
+
+  # `systemd.services.llm-server`: ready once the model is loaded (Type=notify), restarted
+  # forever, protected in memory and confined. The confinement leaves /proc/meminfo and the
+  # unit's own cgroup files readable (no ProcSubset=pid; ProtectControlGroups is read-only):
+  # the server sizes itself against them.
+  serverUnit = {
+    description = "LLM inference server (OpenAI-compatible API)";
+    after = [ "network.target" ];
+    wantedBy = [ "multi-user.target" ];
+    # Restart=always means forever: never give up after a burst of failures.
+    startLimitIntervalSec = 0;
+    serviceConfig = {
+      Type = "notify";
+      NotifyAccess = "main";
+      Restart = "always";
+      RestartSec = server.restart_sec;
+      # 3: the CPU lacks x86-64-v3 (server/src/main.rs); a restart cannot fix that.
+      RestartPreventExitStatus = 3;
+      TimeoutStartSec = server.start_timeout_sec;
+      DynamicUser = true;
+      ProtectSystem = "strict";
+      ProtectHome = true;
+      PrivateTmp = true;
+      PrivateDevices = true;
+      NoNewPrivileges = true;
+      CapabilityBoundingSet = "";
+      ProtectKernelTunables = true;
+      ProtectKernelModules = true;
+      ProtectKernelLogs = true;
+      ProtectControlGroups = true;
+      ProtectClock = true;
+      ProtectHostname = true;
+      ProtectProc = "invisible";
+      RestrictAddressFamilies = [
+        "AF_INET"
+        "AF_INET6"
+        "AF_UNIX"
+      ];
+      RestrictNamespaces = true;
+      RestrictRealtime = true;
+      RestrictSUIDSGID = true;
+      LockPersonality = true;
+      MemoryDenyWriteExecute = true;
+      SystemCallArchitectures = "native";
+      SystemCallFilter = [ "@system-service" ];
+      SystemCallErrorNumber = "EPERM";
+      UMask = "0077";
+    }
+    # The server pings the watchdog at half this period while it is healthy; 0 turns it off.
+    // (if server.watchdog_sec == 0 then { } else { WatchdogSec = server.watchdog_sec; });
+
+    # Sized for this machine, so set by the appliance policy rather than the service module.
+    # The memory-mapped weights are page cache charged to the unit: MemoryMin keeps them
+    # resident whatever else runs.
+    limits = {
+      OOMScoreAdjust = server.oom_score_adjust;
+      MemoryMin = mib server.memory.min_mib;
+      MemoryLow = mib server.memory.low_mib;
+      MemoryHigh = mib server.memory.high_mib;
+      MemoryMax = mib server.memory.max_mib;
+    };
+  };
+
+  # `services.zram-generator.settings`: one device, a share of RAM but capped (`ram` is in
+  # MiB). Written with the generator's own keys, not through `zramSwap`, whose size expression
+  # takes the cap in bytes: this way the file on the box is the Debian image's, word for word.
+  zramGenerator.zram0 = {
+    zram-size = "min(ram * ${toString zram.percent_of_ram} / 100, ${toString zram.max_mib})";
+    compression-algorithm = zram.algorithm;
+    swap-priority = zram.swap_priority;
+  };
+
+  # `boot.kernel.sysctl`, as the profile writes them.
+  inherit (profile) sysctl;
+
+  # earlyoom's arguments, one word each, as /proc/PID/cmdline shows them and `appliance
+  # doctor` expects them.
+  earlyoomArgs = [
+    "-m"
+    "${toString earlyoom.mem_term_percent},${toString earlyoom.mem_kill_percent}"
+    "-s"
+    "${toString earlyoom.swap_term_percent},${toString earlyoom.swap_kill_percent}"
+    "--avoid"
+    (anyOf ([ serverProcess ] ++ earlyoom.avoid))
+  ]
+  ++ (if earlyoom.prefer == [ ] then [ ] else [ "--prefer" (anyOf earlyoom.prefer) ]);
+
+  # The whole nftables ruleset: default drop in both directions, with an allowlist.
+  nftablesRuleset = ''
+    # From the appliance profile `${machine.name}` by modules/profile.nix.
+    flush ruleset
+
+    table inet appliance {
+    ${addressSets}
+    	chain input {
+    		type filter hook input priority filter; policy drop;
+    		iif "lo" accept
+    		ct state established,related accept
+    		ct state invalid drop
+    		icmp type { ${icmpTypes} } accept
+    		icmpv6 type { ${icmpv6Types} } accept
+    		# DHCP answers: renewals over a UDP socket, which conntrack does not always pair.
+    		udp sport 67 udp dport 68 accept
+    		ip6 saddr fe80::/10 udp sport 547 udp dport 546 accept
+    		tcp dport ${ssh} ip saddr @ssh_v4 accept
+    		tcp dport ${ssh} ip6 saddr @ssh_v6 accept
+    		tcp dport ${api} ip saddr @api_v4 accept
+    		tcp dport ${api} ip6 saddr @api_v6 accept
+    	}
+
+    	chain forward {
+    		type filter hook forward priority filter; policy drop;
+    	}
+
+    	chain output {
+    		type filter hook output priority filter; policy drop;
+    		oif "lo" accept
+    		ct state established,related accept
+    		icmp type { ${icmpTypes} } accept
+    		icmpv6 type { ${icmpv6Types} } accept
+    		# Ask for and renew a DHCP lease.
+    		udp sport 68 udp dport 67 accept
+    		udp sport 546 udp dport 547 accept
+    		ip daddr @egress_v4 accept
+    		ip6 daddr @egress_v6 accept
+    	}
+    }
+  '';
+
+  # `services.openssh`: keys only; root logs in with the keys OCI hands out.
+  openssh = {
+    ports = [ network.ssh_port ];
+    settings = {
+      PermitRootLogin = "prohibit-password";
+      PasswordAuthentication = false;
+      KbdInteractiveAuthentication = false;
+    };
+  };
+
+  # Root's SSH keys from OCI's metadata service (IMDS v2) at every boot: fetched into a private
+  # runtime directory, parsed by ssh-keygen, and only then installed, so an error page or an
+  # unreachable service never locks the owner out. Commands by program name; the module puts
+  # the store paths in.
+  sshKeys = {
+    description = "Fetch root's SSH keys from the OCI instance metadata service";
+    runtimeDirectory = "oci-ssh-keys";
+    commands = [
+      [
+        "curl"
+        "--fail"
+        "--silent"
+        "--show-error"
+        "--retry"
+        "10"
+        "--retry-delay"
+        "3"
+        "--retry-all-errors"
+        "--connect-timeout"
+        "5"
+        "--max-time"
+        "20"
+        "-H"
+        "Authorization: Bearer Oracle"
+        "-o"
+        "/run/oci-ssh-keys/authorized_keys"
+        "http://${oci.metadata_address}/opc/v2/instance/metadata/ssh_authorized_keys"
+      ]
+      [
+        "ssh-keygen"
+        "-l"
+        "-f"
+        "/run/oci-ssh-keys/authorized_keys"
+      ]
+      [
+        "install"
+        "-d"
+        "-m"
+        "0700"
+        "/root/.ssh"
+      ]
+      [
+        "install"
+        "-m"
+        "0600"
+        "/run/oci-ssh-keys/authorized_keys"
+        "/root/.ssh/authorized_keys"
+      ]
+    ];
+  };
+
+  # The memory the OS uses once its own services are up and before the server starts, printed
+  # to the journal and the serial console (OCI's console history, the VM tests).
+  memoryBaseline = {
+    description = "Record the memory the OS uses before the LLM server starts";
+    after = [
+      "sshd.service"
+      "earlyoom.service"
+      "nftables.service"
+      "systemd-networkd.service"
+      "systemd-logind.service"
+    ];
+    before = [ "llm-server.service" ];
+    command = [
+      "free"
+      "--mebi"
+    ];
+  };
+
+  # `services.journald`: on disk, not in /run (a tmpfs: RAM the server could use).
+  journald = {
+    Storage = "persistent";
+    SystemMaxUse = "128M";
+    RuntimeMaxUse = "8M";
+  };
+}
