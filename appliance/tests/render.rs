@@ -38,7 +38,8 @@ fn sysctl_conf() {
     assert_eq!(
         rendered("/etc/sysctl.d/90-llm-appliance.conf").contents,
         format!(
-            "{HEADER}\nkernel.panic = 10\nvm.max_map_count = 262144\nvm.overcommit_memory = 0\n\
+            "{HEADER}\nkernel.panic = 10\nvm.max_map_count = 262144\nvm.min_free_kbytes = 16384\n\
+             vm.overcommit_memory = 0\n\
              vm.page-cluster = 0\nvm.swappiness = 10\nvm.vfs_cache_pressure = 50\n"
         )
     );

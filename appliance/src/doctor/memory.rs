@@ -62,13 +62,14 @@ pub fn zram(profile: &Profile, host: &Host) -> Check {
         .filter_map(|n| n.parse().ok())
         .collect();
     let usage = match stat[..] {
-        [orig, compressed, used, ..] if compressed > 0 => format!(
+        // Below a MiB the ratio says nothing (a few same-filled pages compress "infinitely").
+        [orig, compressed, used, ..] if orig >= crate::plan::MIB && compressed > 0 => format!(
             "; holds {} MiB in {} MiB of RAM (ratio {:.1})",
             mib(orig),
             mib(used),
             orig as f64 / compressed as f64
         ),
-        _ => "; empty".to_owned(),
+        _ => "; (almost) empty".to_owned(),
     };
     Check::ok(
         NAME,

@@ -7,6 +7,8 @@
 mod memory;
 mod server;
 
+pub use server::http_status_line;
+
 use std::fmt;
 use std::io::{self, Read};
 use std::path::PathBuf;

@@ -219,7 +219,7 @@ fn cpu_throttling(host: &Host, dir: &str) -> Check {
 fn health(profile: &Profile) -> Check {
     const NAME: &str = "health";
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, profile.server.api_port.0));
-    match get_status_line(addr, "/health") {
+    match http_status_line(addr, "/health") {
         Ok(line) if line.split_whitespace().nth(1) == Some("200") => {
             Check::ok(NAME, format!("http://{addr}/health: {line}"))
         }
@@ -228,8 +228,8 @@ fn health(profile: &Profile) -> Check {
     }
 }
 
-/// The status line of a plain HTTP/1.1 GET.
-fn get_status_line(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+/// The status line (`HTTP/1.1 200 OK`) a plain HTTP/1.1 GET of `path` gets from `addr`.
+pub fn http_status_line(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     let timeout = Duration::from_secs(5);
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;

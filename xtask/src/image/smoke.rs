@@ -16,33 +16,28 @@ use xshell::Shell;
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 
-/// What the serial console showed.
+/// What the boot showed.
 pub struct Boot {
+    /// From starting QEMU to the serial console's login prompt.
     pub to_login: Duration,
-    /// `free --mebi`'s "used" from the memory-baseline unit.
+    /// `free --mebi`'s "used" printed by the memory-baseline unit before the server starts.
     pub os_used_mib: Option<u64>,
-    /// The console line where systemd reported llm-server.service started or failed.
-    pub server: Option<(Duration, String)>,
+    /// From starting QEMU to `/health` answering 200 through the firewall, if it did in time.
+    pub to_health: Option<Duration>,
     pub console: std::path::PathBuf,
 }
 
 impl fmt::Display for Boot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "smoke boot: login prompt after {:.0} s",
-            self.to_login.as_secs_f64()
-        )?;
+        let secs = |d: Duration| format!("{:.0} s", d.as_secs_f64());
+        writeln!(f, "smoke boot: login prompt after {}", secs(self.to_login))?;
         match self.os_used_mib {
             Some(m) => writeln!(f, "  OS memory used before the server starts: {m} MiB")?,
             None => writeln!(f, "  OS memory before the server: not printed")?,
         }
-        match &self.server {
-            Some((at, line)) => writeln!(f, "  after {:.0} s: {line}", at.as_secs_f64())?,
-            None => writeln!(
-                f,
-                "  llm-server.service: no start or failure reported in time"
-            )?,
+        match self.to_health {
+            Some(d) => writeln!(f, "  llm-server /health answered 200 after {}", secs(d))?,
+            None => writeln!(f, "  llm-server /health did not answer 200 in time")?,
         }
         write!(f, "  console: {}", self.console.display())
     }
@@ -70,6 +65,11 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
     std::fs::copy(OVMF_VARS, &vars).with_context(|| format!("copy {OVMF_VARS}"))?;
     let console = out.join("smoke-console.log");
     let _ = std::fs::remove_file(&console);
+    // A free loopback port for the API, forwarded by QEMU to the guest's API port.
+    let host_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let health = std::net::SocketAddr::from(([127, 0, 0, 1], host_port));
     let started = Instant::now();
     let mut vm = Vm(Command::new("qemu-system-x86_64")
         .args([
@@ -103,15 +103,18 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
         if to_login.is_none() && text.contains(" login: ") {
             to_login = Some(started.elapsed());
         }
-        let server = server_outcome(&text);
-        // After the prompt, wait for the server's outcome too (loading takes a while under TCG).
-        if let (Some(to_login), Some(line)) = (to_login, &server) {
-            return Ok(Boot {
-                to_login,
-                os_used_mib: used_mib(&text),
-                server: Some((started.elapsed(), line.clone())),
-                console,
-            });
+        // After the prompt, wait for the server too (loading takes a while under TCG).
+        if let Some(to_login) = to_login {
+            let answered = appliance::doctor::http_status_line(health, "/health")
+                .is_ok_and(|line| line.split_whitespace().nth(1) == Some("200"));
+            if answered || started.elapsed() > deadline {
+                return Ok(Boot {
+                    to_login,
+                    os_used_mib: used_mib(&text),
+                    to_health: answered.then(|| started.elapsed()),
+                    console,
+                });
+            }
         }
         if let Some(status) = vm.0.try_wait()? {
             bail!(
@@ -119,56 +122,22 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
                 tail(&text)
             );
         }
-        if started.elapsed() > deadline {
-            let Some(to_login) = to_login else {
-                bail!(
-                    "no login prompt on the serial console within {timeout} s:\n{}",
-                    tail(&text)
-                );
-            };
-            return Ok(Boot {
-                to_login,
-                os_used_mib: used_mib(&text),
-                server: None,
-                console,
-            });
+        if to_login.is_none() && started.elapsed() > deadline {
+            bail!(
+                "no login prompt on the serial console within {timeout} s:\n{}",
+                tail(&text)
+            );
         }
     }
 }
 
-/// systemd's status line for llm-server.service starting (READY=1) or failing.
-fn server_outcome(console: &str) -> Option<String> {
-    console
-        .lines()
-        .filter(|l| l.contains("llm-server.service"))
-        .find(|l| l.contains("Started") || l.contains("Failed") || l.contains("failed"))
-        .map(strip_ansi)
-}
-
-/// The text of a console line without its colour codes.
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::new();
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // ESC [ parameters final-letter
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out.trim().to_owned()
-}
-
-/// "used" from `free --mebi`'s `Mem:` line: `Mem: total used free shared buff/cache available`.
+/// "used" from `free --mebi`'s `Mem:` line: `Mem: total used free shared buff/cache available`
+/// (on the console after a kernel timestamp and `free[PID]: `).
 fn used_mib(console: &str) -> Option<u64> {
     console
         .lines()
-        .find_map(|l| l.trim_start().strip_prefix("Mem:"))?
+        .find_map(|l| l.split_once("free[")?.1.split_once("Mem:"))
+        .map(|(_, numbers)| numbers)?
         .split_whitespace()
         .nth(1)?
         .parse()
@@ -178,4 +147,15 @@ fn used_mib(console: &str) -> Option<u64> {
 fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_the_baseline_off_the_console() {
+        let console = "[   90.5] free[334]:       total   used   free  shared  buff/cache  available\n\
+                       [   90.6] free[334]: Mem:      965    173    826       0          72        792\n";
+        assert_eq!(super::used_mib(console), Some(173));
+        assert_eq!(super::used_mib("Mem: 1 2 3\n"), None);
+    }
 }
