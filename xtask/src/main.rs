@@ -2,6 +2,7 @@
 
 mod image;
 mod model;
+mod oci_upload;
 mod run;
 mod test;
 mod util;
@@ -25,6 +26,8 @@ enum Cmd {
     Run(run::Run),
     /// Run every check CI runs: tests (release, on the default model), clippy, rustfmt.
     Test(test::Test),
+    /// Upload the image to Oracle Cloud and import it as a custom image for the E2.1.Micro.
+    OciUpload(oci_upload::OciUpload),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,5 +39,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Image(cmd) => cmd.run(&sh),
         Cmd::Run(cmd) => cmd.run(&sh),
         Cmd::Test(cmd) => cmd.run(&sh),
+        Cmd::OciUpload(cmd) => cmd.run(&sh),
     }
 }
