@@ -78,7 +78,8 @@ in
         }
       ];
 
-      networking.hostName = mkDefault v.hostName;
+      # The profile's, over the mkDefault of nixpkgs' test driver (the node's name).
+      networking.hostName = v.hostName;
 
       # The box carries its own policy: `appliance doctor` reads it from here.
       environment.etc."llm-appliance/profile.toml".source = cfg.profile;
@@ -92,10 +93,8 @@ in
         parallel = mkDefault v.server.parallel;
         model = mkDefault (pkgs.callPackage ../nix/model.nix { inherit (cfg) profile; });
       };
-      systemd.services.llm-server = {
-        inherit (v.serverUnit) startLimitIntervalSec;
-        serviceConfig = v.serverUnit.serviceConfig // v.serverUnit.limits;
-      };
+      # This profile's unit settings over the service module's defaults, and the limits.
+      systemd.services.llm-server.serviceConfig = v.serverUnit.serviceConfig // v.serverUnit.limits;
 
       services.zram-generator = {
         enable = true;

@@ -117,6 +117,9 @@ in
       # 3: the CPU lacks x86-64-v3 (server/src/main.rs); a restart cannot fix that.
       RestartPreventExitStatus = 3;
       TimeoutStartSec = server.start_timeout_sec;
+      # The server pings the watchdog at half this period while it is healthy. Always set, as
+      # 0 (off) when the profile says so, so that it replaces the service module's default.
+      WatchdogSec = server.watchdog_sec;
       DynamicUser = true;
       ProtectSystem = "strict";
       ProtectHome = true;
@@ -145,9 +148,7 @@ in
       SystemCallFilter = [ "@system-service" ];
       SystemCallErrorNumber = "EPERM";
       UMask = "0077";
-    }
-    # The server pings the watchdog at half this period while it is healthy; 0 turns it off.
-    // (if server.watchdog_sec == 0 then { } else { WatchdogSec = server.watchdog_sec; });
+    };
 
     # Sized for this machine, so set by the appliance policy rather than the service module.
     # The memory-mapped weights are page cache charged to the unit: MemoryMin keeps them

@@ -345,6 +345,9 @@ fn server_unit_matches() {
 
         let mut rest = single_values(service);
         rest.remove("ExecStart");
+        // The renderer leaves out a watchdog of 0; Nix writes WatchdogSec=0, the same to systemd.
+        rest.entry("WatchdogSec".into())
+            .or_insert_with(|| "0".into());
         let mut nix_service = settings(&nix["serviceConfig"]);
         nix_service.extend(settings(&nix["limits"]));
         assert_eq!(rest, nix_service, "{}", c.name);
