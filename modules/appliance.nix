@@ -26,7 +26,7 @@ let
 
   # The programs the profile's commands name, from the store.
   programs = {
-    curl = lib.getExe pkgs.curl;
+    curl = "${pkgs.curl}/bin/curl";
     ssh-keygen = "${config.programs.ssh.package}/bin/ssh-keygen";
     install = "${pkgs.coreutils}/bin/install";
     free = "${pkgs.procps}/bin/free";
