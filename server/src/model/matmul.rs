@@ -2,7 +2,7 @@
 //! then output rows are spread over the pool; each weight row is read once per batch.
 
 use super::weights::Mat;
-use crate::quant::{quantize_row, vec_dot, vec_dot_type, GgmlType};
+use crate::quant::{dot_rows, quantize_row, vec_dot_type, GgmlType};
 use crate::threads::Pool;
 
 /// Activation formats, each with its own buffer so one input can feed weights of several types.
@@ -103,17 +103,22 @@ pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mu
     let data = w.data(file);
     let dst = SharedOut(out.as_mut_ptr());
     let rows = w.rows;
-    // Enough chunks for dynamic balancing, few enough that the shared counter stays cold.
-    let chunk = (rows / (pool.threads() * 16)).clamp(16, 4096);
+    // Enough chunks for dynamic balancing, few enough that the shared counter stays cold, and
+    // at least 64 KiB of weights each: smaller matrices run on the calling thread, where waking
+    // a worker would cost more than it saves.
+    let chunk = (rows / (pool.threads() * 16))
+        .clamp(16, 4096)
+        .max((64 << 10) / w.row_bytes);
     pool.for_chunks(rows, chunk, &|_, range| {
-        for r in range {
-            let wrow = &data[r * w.row_bytes..(r + 1) * w.row_bytes];
-            for t in 0..n {
-                let a = &acts[t * act_row..(t + 1) * act_row];
-                let v = vec_dot(w.ty, w.cols, wrow, a);
-                // SAFETY: row r belongs to this chunk only; index < n * rows <= out.len().
-                unsafe { *dst.at(t * rows + r) = v };
-            }
+        let weights = &data[range.start * w.row_bytes..range.end * w.row_bytes];
+        for t in 0..n {
+            let a = &acts[t * act_row..(t + 1) * act_row];
+            // SAFETY: this chunk owns rows `range` of every token's output, disjoint from the
+            // other chunks', and t * rows + range.end <= n * rows <= out.len().
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(dst.at(t * rows + range.start), range.len())
+            };
+            dot_rows(w.ty, w.cols, weights, a, o);
         }
     });
 }

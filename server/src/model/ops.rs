@@ -76,7 +76,9 @@ fn gelu_table() -> &'static [f16] {
         (0..=u16::MAX)
             .map(|bits| {
                 let x = f16::from_bits(bits).to_f32();
-                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+                // GCC contracts `1 + a*x*x` into an FMA when it builds ggml (-ffp-contract=fast).
+                let inner = (COEF_A * x).mul_add(x, 1.0);
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh());
                 f16::from_f32(y)
             })
             .collect()
@@ -106,11 +108,63 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// Softmax in place; the sum is accumulated in f64 as ggml does.
-pub fn softmax(x: &mut [f32]) {
+/// Builds the GELU table ahead of the first token so the decode loop never allocates.
+pub fn warm_up() {
+    gelu_table();
+}
+
+/// ggml's vectorised `expf` (an Arm optimized-routines polynomial, max error 1.45 + 0.5 ulp),
+/// lane for lane: llama.cpp's attention softmax uses it, and quantised models amplify its last
+/// bit (through the next layer's Q8 rounding) into visible logit differences.
+pub fn exp_ggml(x: f32) -> f32 {
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000); // 1.5 · 2^23: adding it leaves round(x · log2 e) in the low bits
+    let z = x.mul_add(c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+        .mul_add(u, c(0x3f7f_fff6) * b);
+    if n.abs() <= 126.0 {
+        return j.mul_add(k, k);
+    }
+    let g = if n <= 0.0 { 0x8200_0000u32 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// Sum of 8 lanes in the order of ggml's AVX horizontal add: lo + hi, then lanes 0+2 and 1+3,
+/// then the two.
+pub fn hsum8(v: &[f32; 8]) -> f32 {
+    let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// Softmax as ggml's `soft_max` op computes it on AVX2: exponentials by [`exp_ggml`] in groups
+/// of 8 whose horizontal sums accumulate in f64 (a scalar `expf` tail), then one multiply by
+/// the f32 reciprocal of the sum. Entries of `-inf` (masked) come out as exactly 0.
+pub fn softmax_ggml(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f64;
-    for v in x.iter_mut() {
+    let mut groups = x.chunks_exact_mut(8);
+    for g in &mut groups {
+        let mut lanes = [0f32; 8];
+        for (l, v) in lanes.iter_mut().zip(g.iter_mut()) {
+            *v = exp_ggml(*v - max);
+            *l = *v;
+        }
+        sum += hsum8(&lanes) as f64;
+    }
+    for v in groups.into_remainder() {
         *v = (*v - max).exp();
         sum += *v as f64;
     }
@@ -118,11 +172,6 @@ pub fn softmax(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v *= inv;
     }
-}
-
-/// Builds the GELU table ahead of the first token so the decode loop never allocates.
-pub fn warm_up() {
-    gelu_table();
 }
 
 #[cfg(test)]
@@ -170,7 +219,32 @@ mod tests {
     #[test]
     fn softmax_sums_to_one() {
         let mut x = [1.0f32, 2.0, 3.0, -1e30];
-        softmax(&mut x);
+        softmax_ggml(&mut x);
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6 && x[3] == 0.0);
+        let mut long: Vec<f32> = (0..21).map(|i| (i as f32 * 0.37).sin() * 5.0).collect();
+        let expect: Vec<f64> = {
+            let e: Vec<f64> = long.iter().map(|&v| (v as f64).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.iter().map(|v| v / s).collect()
+        };
+        softmax_ggml(&mut long);
+        for (got, want) in long.iter().zip(expect) {
+            assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn exp_ggml_is_within_two_ulp_of_exp_and_flushes_the_extremes() {
+        for i in -1000..1000 {
+            let x = i as f32 * 0.087;
+            let (got, want) = (exp_ggml(x), (x as f64).exp());
+            assert!(
+                ((got as f64 - want) / want).abs() < 2.5e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+        }
+        assert_eq!(exp_ggml(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_ggml(-200.0), 0.0);
+        assert_eq!(exp_ggml(0.0), 1.0);
     }
 }

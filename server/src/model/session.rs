@@ -55,8 +55,10 @@ impl Lens {
             kv: b * c.kv_dim(),
             ff: b * c.n_ff,
             logits: c.n_vocab,
-            scores: threads * n_ctx,
-            qh: threads * c.head_dim,
+            // Scores of one query, padded to whole groups of 8 positions.
+            scores: threads * (n_ctx + 8),
+            // The f16-rounded query head and 8 lanes of value accumulators.
+            qh: threads * 9 * c.head_dim,
             rope: b * c.n_rot / 2,
         }
     }
@@ -384,9 +386,11 @@ impl Session {
 }
 
 /// Causal attention of the n queries at positions `pos0..pos0+n` over the cache, parallel over
-/// (token, head), with llama.cpp's rounding points (its default, non-flash path): Q is rounded
-/// to f16 for the dot with the f16 keys, the softmax is f32, and the probabilities are rounded
-/// to f16 for the weighted sum of the f16 values, which accumulates in f32.
+/// (token, head), in llama.cpp's arithmetic (its default, non-flash path, whose f16 matmuls go
+/// through tinyBLAS): Q is rounded to f16; each score is an 8-lane FMA chain over the head,
+/// summed in ggml's horizontal order; the softmax is ggml's ([`ops::softmax_ggml`]) over rows
+/// aligned to 8 cells; the probabilities are rounded to f16 and the values accumulated in 8
+/// lanes by cell. Quantised models amplify any last-bit difference here.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     m: &Model,
@@ -404,6 +408,8 @@ fn attention(
     let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
     let group = c.n_head / c.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
+    let row = n_ctx + 8;
+    let per_thread = 9 * hd;
     let (out_p, scores_p, qh_p) = (
         SharedMut(out.as_mut_ptr()),
         SharedMut(scores.as_mut_ptr()),
@@ -415,12 +421,17 @@ fn attention(
             let (t, h) = (task / c.n_head, task % c.n_head);
             let pos = pos0 + t;
             let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let len = pos + 1 - first;
+            // Rows start on a multiple of 8 so softmax groups and value lanes fall on the same
+            // positions as llama.cpp's; entries outside [first, pos] are masked.
+            let base = first - first % 8;
+            let len8 = (pos + 1 - base).div_ceil(8) * 8;
             // SAFETY: per-thread scratch regions and per-(t, h) output slices are disjoint.
-            let (sc, qv, o) = unsafe {
+            let (sc, qv, acc, o) = unsafe {
+                let scratch = qh_p.0.add(thread * per_thread);
                 (
-                    std::slice::from_raw_parts_mut(scores_p.0.add(thread * n_ctx), len),
-                    std::slice::from_raw_parts_mut(qh_p.0.add(thread * hd), hd),
+                    std::slice::from_raw_parts_mut(scores_p.0.add(thread * row), len8),
+                    std::slice::from_raw_parts_mut(scratch, hd),
+                    std::slice::from_raw_parts_mut(scratch.add(hd), 8 * hd),
                     std::slice::from_raw_parts_mut(out_p.0.add(t * qd + h * hd), hd),
                 )
             };
@@ -431,26 +442,46 @@ fn attention(
             }
             let post = if c.q_prescale { 1.0 } else { scale };
             let kh = h / group;
-            for (j, s) in sc.iter_mut().enumerate() {
-                let cell = lkv.cell(first + j);
-                let k = &lkv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
-                *s = dot_f16(qv, k) * post;
+            for (i, s) in sc.iter_mut().enumerate() {
+                let p = base + i;
+                *s = if p < first || p > pos {
+                    f32::NEG_INFINITY
+                } else {
+                    let cell = lkv.cell(p);
+                    dot_f16_lanes(qv, &lkv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd])
+                        * post
+                };
             }
-            ops::softmax(sc);
-            o.iter_mut().for_each(|v| *v = 0.0);
-            for (j, &p) in sc.iter().enumerate() {
-                // llama.cpp multiplies the f16 values by the probabilities converted to f16.
-                let p = f16::from_f32(p).to_f32();
-                let cell = lkv.cell(first + j);
-                let v = &lkv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
-                for (o, &v) in o.iter_mut().zip(v) {
-                    *o += p * v.to_f32();
+            ops::softmax_ggml(sc);
+            acc.iter_mut().for_each(|v| *v = 0.0);
+            for (i, &p) in sc.iter().enumerate() {
+                let at = base + i;
+                if at < first || at > pos {
+                    continue; // a zero probability adds exactly nothing
                 }
+                let p = f16::from_f32(p).to_f32();
+                let cell = lkv.cell(at);
+                let v = &lkv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
+                let lane = &mut acc[(i % 8) * hd..(i % 8 + 1) * hd];
+                for (a, &v) in lane.iter_mut().zip(v) {
+                    *a = p.mul_add(v.to_f32(), *a);
+                }
+            }
+            for (d, o) in o.iter_mut().enumerate() {
+                *o = ops::hsum8(&std::array::from_fn(|r| acc[r * hd + d]));
             }
         }
     });
 }
 
-fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
-    q.iter().zip(k).map(|(&a, &b)| a * b.to_f32()).sum()
+/// Dot product in 8 lanes (lane r takes elements r, r+8, …, chained by FMA), summed in ggml's
+/// horizontal order: tinyBLAS's f16 kernel, on values already rounded to f16.
+fn dot_f16_lanes(q: &[f32], k: &[f16]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
+        for r in 0..8 {
+            lanes[r] = qc[r].mul_add(kc[r].to_f32(), lanes[r]);
+        }
+    }
+    ops::hsum8(&lanes)
 }

@@ -134,27 +134,36 @@ unsafe fn fma_block32<B: SignedBlock32>(w: &B, a: &BlockQ8_0, acc: __m256) -> __
     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc)
 }
 
-/// Dot product of 32-value weight blocks with Q8_0 activations, four blocks per iteration into
-/// four accumulators (the Q8_0 LM head is the largest read of a decode step).
+/// Dot product of 32-value weight blocks with Q8_0 activations: one FMA chain over the blocks,
+/// then the horizontal sum, exactly as ggml's AVX2 `vec_dot_q{8,4,5}_0_q8_0`. The order is not
+/// a detail: the sum's last bit moves the next layer's Q8_0 rounding, and quantised Gemma
+/// models amplify such flips into logit errors of tenths. One chain still outruns memory
+/// (a 34-byte block per 4-cycle FMA latency).
 #[inline(always)]
 unsafe fn dot_block32<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
-    let n = w.len().min(a.len());
-    let (w, a) = (&w[..n], &a[..n]);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let (w4, a4) = (w.chunks_exact(4), a.chunks_exact(4));
-    let (w_rest, a_rest) = (w4.remainder(), a4.remainder());
-    for (w, a) in w4.zip(a4) {
-        for k in 0..4 {
-            acc[k] = fma_block32(&w[k], &a[k], acc[k]);
-        }
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in w.iter().zip(a) {
+        acc = fma_block32(w, a, acc);
     }
+    hsum(acc)
+}
+
+/// As [`dot_block32`] but with ggml's two chains for IQ4_NL (even and odd blocks), summed
+/// before the horizontal add; an odd last block is added after it.
+#[inline(always)]
+unsafe fn dot_block32_pairs<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
+    let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (w2, a2) = (w.chunks_exact(2), a.chunks_exact(2));
+    let (w_rest, a_rest) = (w2.remainder(), a2.remainder());
+    for (w, a) in w2.zip(a2) {
+        acc1 = fma_block32(&w[0], &a[0], acc1);
+        acc2 = fma_block32(&w[1], &a[1], acc2);
+    }
+    let mut sum = hsum(_mm256_add_ps(acc1, acc2));
     for (w, a) in w_rest.iter().zip(a_rest) {
-        acc[0] = fma_block32(w, a, acc[0]);
+        sum += hsum(fma_block32(w, a, _mm256_setzero_ps()));
     }
-    hsum(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ))
+    sum
 }
 
 pub fn q8_0_q8_0(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
@@ -175,7 +184,7 @@ pub fn q5_0_q8_0(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
 
 pub fn iq4_nl_q8_0(w: &[BlockIq4Nl], a: &[BlockQ8_0]) -> f32 {
     // SAFETY: as in `q8_0_q8_0`.
-    unsafe { dot_block32(w, a) }
+    unsafe { dot_block32_pairs(w, a) }
 }
 
 /// Shuffle mask that broadcasts i16 lane `k` of each 128-bit half.
