@@ -3,6 +3,8 @@
 
 use super::Tokenizer;
 
+const PIECE_CAPACITY: usize = 256;
+
 /// Turns a stream of token ids into text, one complete UTF-8 chunk at a time. Buffers are
 /// reused, so pushing a token allocates nothing once they have grown.
 #[derive(Debug, Default)]
@@ -17,9 +19,12 @@ pub struct StreamDecoder {
 
 impl StreamDecoder {
     pub fn new(special: bool) -> StreamDecoder {
+        // Room for the longest pieces of the vocabularies we serve (Gemma's run to a few
+        // dozen bytes), so the decode loop never grows these buffers.
         StreamDecoder {
             special,
-            ..StreamDecoder::default()
+            pending: Vec::with_capacity(PIECE_CAPACITY),
+            out: String::with_capacity(PIECE_CAPACITY),
         }
     }
 
