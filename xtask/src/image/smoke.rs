@@ -83,12 +83,12 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
         .arg("-drive")
         .arg(format!("if=virtio,format=qcow2,file={}", image.display()))
         .args(["-snapshot", "-nographic", "-monitor", "none"])
-        .args([
-            "-netdev",
-            "user,id=net0",
-            "-device",
-            "virtio-net-pci,netdev=net0",
-        ])
+        .arg("-netdev")
+        .arg(format!(
+            "user,id=net0,hostfwd=tcp:127.0.0.1:{host_port}-:{}",
+            profile.server.api_port
+        ))
+        .args(["-device", "virtio-net-pci,netdev=net0"])
         .arg("-serial")
         .arg(format!("file:{}", console.display()))
         .stdin(Stdio::null())
