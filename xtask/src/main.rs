@@ -6,6 +6,7 @@ mod oci_upload;
 mod run;
 mod test;
 mod util;
+mod vm_test;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,8 @@ enum Cmd {
     Test(test::Test),
     /// Upload the image to Oracle Cloud and import it as a custom image for the E2.1.Micro.
     OciUpload(oci_upload::OciUpload),
+    /// Boot the image in QEMU (TCG, the profile's RAM) and run the VM test suite against it.
+    VmTest(vm_test::VmTest),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +43,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run(cmd) => cmd.run(&sh),
         Cmd::Test(cmd) => cmd.run(&sh),
         Cmd::OciUpload(cmd) => cmd.run(&sh),
+        Cmd::VmTest(cmd) => cmd.run(&sh),
     }
 }

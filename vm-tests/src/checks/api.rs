@@ -1,0 +1,213 @@
+//! The model answers from the host: `/v1/models`, a chat completion, and the golden greedy
+//! continuation of a prompt at temperature 0.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use appliance::Profile;
+use serde_json::{json, Value};
+
+use super::GENERATION_TIMEOUT;
+use crate::http;
+
+/// The golden prompt: short (prefill is slow under TCG) and its greedy continuation has no near
+/// tie in its first tokens.
+const GOLDEN_PROMPT: &str = "capital";
+/// Tokens asked of each generation: enough to compare, few enough for TCG.
+const GOLDEN_TOKENS: usize = 4;
+const CHAT_TOKENS: u64 = 3;
+
+/// What the API check measured.
+pub struct Answers {
+    pub detail: String,
+    /// The chat completion's round trip: the first answer the model gives after boot.
+    pub first_answer: Duration,
+}
+
+/// The golden greedy continuation of one prompt.
+pub struct Golden {
+    pub prompt: String,
+    pub tokens: Vec<u64>,
+    pub text: String,
+}
+
+impl Golden {
+    /// Reads the prompt `name` from `<dir>/<model stem>.golden.json` and its text from the cases
+    /// file it was made from.
+    pub fn load(dir: &Path, profile: &Profile, name: &str) -> Result<Golden> {
+        let stem = profile.model.file.trim_end_matches(".gguf");
+        let read = |file: &str| -> Result<Value> {
+            let path = dir.join(file);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "read {} (set LLM_GOLDEN_DIR to the folder with the golden data)",
+                    path.display()
+                )
+            })?;
+            serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))
+        };
+        let golden = read(&format!("{stem}.golden.json"))?;
+        let cases = read(&cases_file(stem))?;
+        let find = |v: &Value| -> Option<Value> {
+            v["prompts"]
+                .as_array()?
+                .iter()
+                .find(|p| p["name"] == name)
+                .cloned()
+        };
+        let (Some(result), Some(case)) = (find(&golden), find(&cases)) else {
+            bail!(
+                "the golden data in {} has no prompt `{name}`",
+                dir.display()
+            );
+        };
+        Ok(Golden {
+            prompt: case["text"]
+                .as_str()
+                .context("case without text")?
+                .to_owned(),
+            tokens: result["greedy_tokens"]
+                .as_array()
+                .context("no greedy_tokens")?
+                .iter()
+                .filter_map(Value::as_u64)
+                .collect(),
+            text: result["greedy_text"]
+                .as_str()
+                .context("no greedy_text")?
+                .to_owned(),
+        })
+    }
+}
+
+/// `gemma-3-270m-q4_k_m` → `gemma-3-270m-cases.json`: the cases are shared by a model's
+/// quantisations.
+fn cases_file(stem: &str) -> String {
+    let base = stem.rsplit_once(['-', '.']).map_or(stem, |(base, _)| base);
+    format!("{base}-cases.json")
+}
+
+pub fn run(api: SocketAddr, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
+    let golden = Golden::load(golden_dir, profile, GOLDEN_PROMPT)?;
+    ensure!(
+        golden.tokens.len() >= GOLDEN_TOKENS,
+        "the golden continuation has fewer than {GOLDEN_TOKENS} tokens"
+    );
+
+    let models = ok_json(http::get(api, "/v1/models", Duration::from_secs(30))?)?;
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
+        .unwrap_or_default();
+    let file = profile.model.file.as_str();
+    let stem = file.trim_end_matches(".gguf");
+    ensure!(
+        ids.iter().any(|id| *id == file || *id == stem),
+        "/v1/models lists {ids:?}, not the profile's model {file}"
+    );
+
+    let asked = Instant::now();
+    let chat = ok_json(http::post(
+        api,
+        "/v1/chat/completions",
+        &json!({
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": CHAT_TOKENS,
+            "temperature": 0,
+        }),
+        GENERATION_TIMEOUT,
+    )?)?;
+    let first_answer = asked.elapsed();
+    let reply = chat["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    let generated = chat["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+    ensure!(
+        !reply.trim().is_empty() && generated > 0,
+        "the chat completion has no text: {chat}"
+    );
+
+    let completion = ok_json(http::post(
+        api,
+        "/v1/completions",
+        &json!({
+            "prompt": golden.prompt,
+            "max_tokens": GOLDEN_TOKENS,
+            "temperature": 0,
+        }),
+        GENERATION_TIMEOUT,
+    )?)?;
+    let text = completion["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    let count = completion["usage"]["completion_tokens"].as_u64();
+    ensure!(
+        count == Some(GOLDEN_TOKENS as u64),
+        "/v1/completions generated {count:?} tokens, asked for {GOLDEN_TOKENS}: {completion}"
+    );
+    // The text is what the client sees; its ids say it is exactly the golden tokens.
+    let token_ids = ok_json(http::post(
+        api,
+        "/tokenize",
+        &json!({"content": text, "add_special": false, "parse_special": false}),
+        Duration::from_secs(60),
+    )?)?;
+    let token_ids: Vec<u64> = token_ids["tokens"]
+        .as_array()
+        .map(|t| t.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    let want = &golden.tokens[..GOLDEN_TOKENS];
+    ensure!(
+        golden.text.starts_with(text) && token_ids == want,
+        "{:?} at temperature 0 continued with {text:?} (ids {token_ids:?}); the golden greedy text \
+         starts {:?} (ids {want:?})",
+        golden.prompt,
+        golden.text.chars().take(40).collect::<String>()
+    );
+    Ok(Answers {
+        detail: format!(
+            "models {ids:?}; chat {reply:?} in {:.0} s; {:?} → {text:?} = golden {want:?}",
+            first_answer.as_secs_f64(),
+            golden.prompt,
+        ),
+        first_answer,
+    })
+}
+
+/// The JSON body of a 200 answer; any other status fails with the body.
+pub fn ok_json(response: http::Response) -> Result<Value> {
+    if response.status != 200 {
+        bail!("HTTP {}: {}", response.status, response.body.trim());
+    }
+    response.json()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_are_named_without_the_quantisation() {
+        assert_eq!(cases_file("gemma-3-270m-q4_k_m"), "gemma-3-270m-cases.json");
+    }
+
+    #[test]
+    fn reads_the_capital_prompt_from_the_shared_golden_data() {
+        let dir = std::env::var_os("LLM_GOLDEN_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden"));
+        if !dir.exists() {
+            eprintln!("skipped: no golden data at {}", dir.display());
+            return;
+        }
+        let profile_path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../appliance/profiles/e2-micro.toml");
+        let profile = Profile::load(&profile_path).unwrap();
+        let golden = Golden::load(&dir, &profile, GOLDEN_PROMPT).unwrap();
+        assert_eq!(golden.prompt, "The capital of France is");
+        assert!(golden.text.starts_with(" the capital"), "{}", golden.text);
+        assert!(golden.tokens.len() >= GOLDEN_TOKENS);
+    }
+}

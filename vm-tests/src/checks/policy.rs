@@ -1,0 +1,147 @@
+//! The memory policy in force: zram, sysctls, earlyoom's arguments, the server unit's limits,
+//! and `appliance doctor` reading all of it back.
+
+use anyhow::{Context, Result};
+use appliance::plan::MIB;
+use appliance::Profile;
+use serde_json::Value;
+
+use super::{meminfo_bytes, properties, section, sections, verdict};
+use crate::ssh::Ssh;
+
+/// The unit properties the profile sets, in `systemctl show`'s names.
+const UNIT_PROPERTIES: &str = "MemoryMin,MemoryLow,MemoryHigh,MemoryMax,OOMScoreAdjust";
+
+pub fn run(ssh: &Ssh, profile: &Profile) -> Result<String> {
+    let sysctl_paths: Vec<String> = profile
+        .sysctl
+        .keys()
+        .map(|k| format!("/proc/sys/{}", k.replace('.', "/")))
+        .collect();
+    let script = format!(
+        "echo '## meminfo'; cat /proc/meminfo
+         echo '## disksize'; cat /sys/block/zram0/disksize
+         echo '## algorithm'; cat /sys/block/zram0/comp_algorithm
+         echo '## swaps'; cat /proc/swaps
+         echo '## sysctl'; cat {}
+         echo '## earlyoom'; tr '\\0' '\\n' < /proc/$(pgrep -xo earlyoom)/cmdline
+         echo '## unit'; systemctl show llm-server -p {UNIT_PROPERTIES}
+         echo '## doctor'; appliance doctor --json",
+        sysctl_paths.join(" ")
+    );
+    let out = ssh.run(&script)?.stdout;
+    let parts = sections(&out);
+    let mut problems = Vec::new();
+
+    // zram-generator's `ram` is MemTotal in MiB.
+    let ram_mib = meminfo_bytes(section(&parts, "meminfo")?, "MemTotal")? / MIB;
+    let z = &profile.zram;
+    let want_size = (ram_mib * z.percent_of_ram / 100).min(z.max_mib) * MIB;
+    let size = section(&parts, "disksize")?.trim();
+    if size.parse::<u64>().ok() != Some(want_size) {
+        problems.push(format!("zram0 is {size:?} bytes, want {want_size}"));
+    }
+    let algorithm = selected(section(&parts, "algorithm")?);
+    if algorithm != Some(z.algorithm.as_str()) {
+        problems.push(format!(
+            "zram0 compresses with {algorithm:?}, want {}",
+            z.algorithm
+        ));
+    }
+    let swap = section(&parts, "swaps")?
+        .lines()
+        .find(|l| l.starts_with("/dev/zram0"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>());
+    match swap {
+        Some(fields) if fields.get(4) == Some(&z.swap_priority.to_string().as_str()) => {}
+        other => problems.push(format!(
+            "/dev/zram0 is not swap at priority {} ({other:?})",
+            z.swap_priority
+        )),
+    }
+
+    let values: Vec<&str> = section(&parts, "sysctl")?.lines().collect();
+    for (i, (key, want)) in profile.sysctl.iter().enumerate() {
+        let have = values.get(i).map(|v| v.trim()).unwrap_or("(unreadable)");
+        if have != want.to_string() {
+            problems.push(format!("{key} = {have}, want {want}"));
+        }
+    }
+
+    let args: Vec<&str> = section(&parts, "earlyoom")?.lines().skip(1).collect();
+    let want_args = appliance::render::earlyoom_args(profile);
+    if args != want_args {
+        problems.push(format!("earlyoom runs with {args:?}, want {want_args:?}"));
+    }
+
+    let unit = properties(section(&parts, "unit")?);
+    let m = &profile.server.memory;
+    for (key, want) in [
+        ("MemoryMin", (m.min_mib * MIB).to_string()),
+        ("MemoryLow", (m.low_mib * MIB).to_string()),
+        ("MemoryHigh", (m.high_mib * MIB).to_string()),
+        ("MemoryMax", (m.max_mib * MIB).to_string()),
+        (
+            "OOMScoreAdjust",
+            profile.server.oom_score_adjust.to_string(),
+        ),
+    ] {
+        if unit.get(key) != Some(&want.as_str()) {
+            problems.push(format!("llm-server {key}={:?}, want {want}", unit.get(key)));
+        }
+    }
+
+    let doctor: Value = serde_json::from_str(section(&parts, "doctor")?)
+        .context("`appliance doctor --json` printed no JSON")?;
+    let by_status = |status: &str| -> Vec<String> {
+        doctor["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["status"] == status)
+            .map(|c| format!("{}: {}", c["name"].as_str().unwrap_or("?"), c["detail"]))
+            .collect()
+    };
+    let failed = by_status("fail");
+    if doctor["healthy"] != true || !failed.is_empty() {
+        problems.push(format!("appliance doctor is not green: {failed:?}"));
+    }
+    let warnings = by_status("warn");
+
+    verdict(
+        problems,
+        format!(
+            "zram0 {} MiB {} prio {}, {} sysctls, earlyoom {}, unit {UNIT_PROPERTIES} as \
+             rendered, doctor green ({} checks{})",
+            want_size / MIB,
+            z.algorithm,
+            z.swap_priority,
+            profile.sysctl.len(),
+            want_args.join(" "),
+            doctor["checks"].as_array().map_or(0, Vec::len),
+            if warnings.is_empty() {
+                String::new()
+            } else {
+                format!(", warnings {warnings:?}")
+            }
+        ),
+    )
+}
+
+/// The algorithm in brackets in `comp_algorithm` (`lzo [zstd] lz4`).
+fn selected(line: &str) -> Option<&str> {
+    line.split_whitespace()
+        .find_map(|a| a.strip_prefix('[')?.strip_suffix(']'))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finds_the_selected_algorithm() {
+        assert_eq!(
+            super::selected("lzo lzo-rle lz4 [zstd] 842\n"),
+            Some("zstd")
+        );
+        assert_eq!(super::selected("lzo lz4\n"), None);
+    }
+}

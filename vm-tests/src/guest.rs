@@ -1,0 +1,106 @@
+//! A booted appliance: the QEMU guest, SSH into it, its API from the host, and the waits that
+//! take it from power-on to ready.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use appliance::Profile;
+
+use crate::http;
+use crate::qemu::{self, Vm};
+use crate::ssh::Ssh;
+
+/// A guest port the firewall must not let through: QEMU forwards it like the allowed ones, so
+/// only the guest's nftables can block it.
+pub const CLOSED_PORT: u16 = 9999;
+/// How often a wait asks again.
+const POLL: Duration = Duration::from_secs(5);
+
+pub struct Guest {
+    pub vm: Vm,
+    pub ssh: Ssh,
+    /// The API port on the host.
+    pub api: SocketAddr,
+    pub started: Instant,
+}
+
+/// What a guest needs from the run: the image, its profile, the test's key and the command that
+/// serves the key to the guest.
+pub struct Boot<'a> {
+    pub image: &'a Path,
+    pub profile: &'a Profile,
+    pub key: &'a Path,
+    pub imds_command: String,
+    pub dir: &'a Path,
+}
+
+impl Guest {
+    /// Powers on a guest with the QEMU CPU model `cpu`.
+    pub fn start(boot: &Boot, cpu: &str) -> Result<Guest> {
+        let p = boot.profile;
+        let (ssh_port, api_port) = (p.network.ssh_port.0, p.server.api_port.0);
+        if [ssh_port, api_port].contains(&CLOSED_PORT) {
+            bail!("the profile allows port {CLOSED_PORT}, which the firewall check needs closed");
+        }
+        let started = Instant::now();
+        let vm = Vm::start(&qemu::Config {
+            image: boot.image,
+            cpu,
+            ram_mib: p.machine.ram_mib,
+            guest_ports: &[ssh_port, api_port, CLOSED_PORT],
+            metadata: (
+                format!("{}:80", p.oci.metadata_address),
+                boot.imds_command.clone(),
+            ),
+            dir: boot.dir,
+        })?;
+        let ssh = Ssh::new(boot.key, vm.forward(ssh_port));
+        let api = vm.forward(api_port);
+        Ok(Guest {
+            vm,
+            ssh,
+            api,
+            started,
+        })
+    }
+
+    /// Waits until root can log in with the test's key, which the guest can only have fetched
+    /// from the metadata service.
+    pub fn wait_for_ssh(&mut self, budget: Duration) -> Result<Duration> {
+        let mut last = String::new();
+        while self.started.elapsed() < budget {
+            self.vm.ensure_running()?;
+            let out = self.ssh.run("true")?;
+            if out.status == Some(0) {
+                return Ok(self.started.elapsed());
+            }
+            last = out.stderr;
+            std::thread::sleep(POLL);
+        }
+        bail!(
+            "no SSH login within {budget:?} of power-on (last error: {})",
+            last.trim()
+        )
+    }
+
+    /// Waits until `/health` answers 200 from the host through QEMU's forward and the firewall.
+    pub fn wait_for_health(&mut self, budget: Duration) -> Result<Duration> {
+        let mut last = String::new();
+        while self.started.elapsed() < budget {
+            self.vm.ensure_running()?;
+            match http::get(self.api, "/health", Duration::from_secs(30)) {
+                Ok(r) if r.status == 200 => return Ok(self.started.elapsed()),
+                Ok(r) => last = format!("{} {}", r.status, r.body.trim()),
+                Err(e) => last = format!("{e:#}"),
+            }
+            std::thread::sleep(POLL);
+        }
+        bail!("/health did not answer 200 within {budget:?} of power-on (last: {last})")
+    }
+
+    pub fn console(&self) -> PathBuf {
+        self.vm.console.clone()
+    }
+}

@@ -1,0 +1,131 @@
+//! A minimal HTTP/1.1 client for the API forwarded from the guest: one request per connection,
+//! JSON bodies, `Content-Length` or chunked answers. Enough for the checks and nothing a real
+//! client would need to be trusted with.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+pub struct Response {
+    pub status: u16,
+    pub body: String,
+}
+
+impl Response {
+    /// The body as JSON, failing with the body when it is not.
+    pub fn json(&self) -> Result<Value> {
+        serde_json::from_str(&self.body)
+            .with_context(|| format!("the answer is not JSON: {}", self.body))
+    }
+}
+
+pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Response> {
+    request(addr, "GET", path, None, timeout)
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: &Value, timeout: Duration) -> Result<Response> {
+    request(addr, "POST", path, Some(body), timeout)
+}
+
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    timeout: Duration,
+) -> Result<Response> {
+    let what = || format!("{method} http://{addr}{path}");
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        .with_context(|| format!("{}: connect", what()))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .with_context(|| format!("{}: send", what()))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .with_context(|| format!("{}: no complete answer within {timeout:?}", what()))?;
+    parse(&raw).with_context(what)
+}
+
+fn parse(raw: &[u8]) -> Result<Response> {
+    let text = String::from_utf8_lossy(raw);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        bail!("closed without a complete answer ({} bytes)", raw.len());
+    };
+    let mut lines = head.lines();
+    let status_line = lines.next().unwrap_or("");
+    let Some(status) = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+    else {
+        bail!("not an HTTP status line: {status_line:?}");
+    };
+    let chunked = lines.any(|l| {
+        l.split_once(':').is_some_and(|(name, value)| {
+            name.eq_ignore_ascii_case("transfer-encoding") && value.trim() == "chunked"
+        })
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
+    Ok(Response { status, body })
+}
+
+/// The payload of a chunked body: hexadecimal sizes, each followed by that many bytes.
+fn dechunk(mut rest: &str) -> Result<String> {
+    let mut body = String::new();
+    loop {
+        let Some((size, after)) = rest.split_once("\r\n") else {
+            bail!("chunked body ends without its last chunk");
+        };
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .with_context(|| format!("bad chunk size {size:?}"))?;
+        if size == 0 {
+            return Ok(body);
+        }
+        let chunk = after.get(..size).context("chunk shorter than its size")?;
+        body.push_str(chunk);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_content_length_answer() {
+        let r = parse(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").unwrap();
+        assert_eq!((r.status, r.body.as_str()), (200, "ok"));
+    }
+
+    #[test]
+    fn joins_chunks() {
+        let raw = b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n\
+                    3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n";
+        let r = parse(raw).unwrap();
+        assert_eq!(r.status, 503);
+        assert_eq!(r.json().unwrap()["a"], 1);
+    }
+
+    #[test]
+    fn a_cut_answer_is_an_error() {
+        assert!(parse(b"HTTP/1.1 200 OK\r\nContent-Le").is_err());
+        assert!(parse(b"garbage\r\n\r\n").is_err());
+        assert!(parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab").is_err());
+    }
+}

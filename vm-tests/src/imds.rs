@@ -1,0 +1,125 @@
+//! The OCI instance metadata service (IMDS v2), as much of it as the appliance uses: the SSH keys
+//! given at launch. QEMU's `guestfwd` runs `vm-tests imds-respond` once per guest connection to
+//! 169.254.169.254:80, with the connection on its stdin and stdout.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+/// The path OCI serves the launch's SSH public keys at.
+pub const KEYS_PATH: &str = "/opc/v2/instance/metadata/ssh_authorized_keys";
+/// IMDS v2 refuses requests without this header (v1's unauthenticated paths are disabled on
+/// current OCI images, so the appliance must not rely on them).
+const AUTHORIZATION: &str = "Bearer Oracle";
+
+/// Reads one request from `input`, answers it on `output`, and appends one line describing it to
+/// `log` so the suite can show how the guest got its key.
+pub fn respond(
+    input: impl BufRead,
+    mut output: impl Write,
+    keys: &str,
+    log: &Path,
+) -> anyhow::Result<()> {
+    let request = read_head(input)?;
+    let (status, body) = answer(&request, keys);
+    write!(
+        output,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    output.flush()?;
+    let first = request.lines().next().unwrap_or("").to_owned();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    writeln!(file, "{first} -> {status}")?;
+    Ok(())
+}
+
+/// The request line and headers, up to the blank line.
+fn read_head(mut input: impl BufRead) -> anyhow::Result<String> {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if input.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
+            return Ok(head);
+        }
+        head.push_str(&line);
+    }
+}
+
+/// The status line's code and reason, and the body, for a request head.
+fn answer(head: &str, keys: &str) -> (&'static str, String) {
+    let mut lines = head.lines();
+    let mut request = lines.next().unwrap_or("").split_whitespace();
+    let (method, path) = (request.next(), request.next());
+    let authorized = lines.any(|l| {
+        l.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("authorization") && value.trim() == AUTHORIZATION
+        })
+    });
+    match (method, path) {
+        (Some("GET"), Some(KEYS_PATH)) if authorized => ("200 OK", keys.to_owned()),
+        (Some("GET"), Some(KEYS_PATH)) => (
+            "401 Unauthorized",
+            format!("IMDS v2 needs the header `Authorization: {AUTHORIZATION}`\n"),
+        ),
+        _ => (
+            "404 Not Found",
+            "not served by the VM test's IMDS\n".to_owned(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "ssh-ed25519 AAAA test\n";
+
+    fn exchange(request: &str) -> (String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("imds.log");
+        let mut out = Vec::new();
+        respond(request.as_bytes(), &mut out, KEY, &log).unwrap();
+        (
+            String::from_utf8(out).unwrap(),
+            std::fs::read_to_string(log).unwrap(),
+        )
+    }
+
+    #[test]
+    fn serves_the_keys_to_an_authorized_request() {
+        let (out, log) = exchange(&format!(
+            "GET {KEYS_PATH} HTTP/1.1\r\nHost: 169.254.169.254\r\nauthorization:  Bearer Oracle\r\n\r\n"
+        ));
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(out.ends_with(&format!(
+            "Content-Length: 22\r\nConnection: close\r\n\r\n{KEY}"
+        )));
+        assert_eq!(log, format!("GET {KEYS_PATH} HTTP/1.1 -> 200 OK\n"));
+    }
+
+    #[test]
+    fn refuses_a_request_without_the_bearer_header() {
+        let (out, _) = exchange(&format!("GET {KEYS_PATH} HTTP/1.1\r\nHost: x\r\n\r\n"));
+        assert!(out.starts_with("HTTP/1.1 401 Unauthorized\r\n"), "{out}");
+        assert!(!out.contains("ssh-ed25519"));
+        let (out, _) = exchange(&format!(
+            "GET {KEYS_PATH} HTTP/1.1\r\nAuthorization: Bearer Other\r\n\r\n"
+        ));
+        assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+    }
+
+    #[test]
+    fn other_paths_and_methods_are_not_found() {
+        for request in [
+            "GET /opc/v1/instance/metadata/ HTTP/1.1\r\nAuthorization: Bearer Oracle\r\n\r\n",
+            "POST /opc/v2/instance/metadata/ssh_authorized_keys HTTP/1.1\r\nAuthorization: Bearer Oracle\r\n\r\n",
+            "",
+        ] {
+            let (out, _) = exchange(request);
+            assert!(out.starts_with("HTTP/1.1 404"), "{request:?}: {out}");
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! `vm-tests`: boots the appliance image in QEMU at its profile's RAM and checks, from the host
+//! and inside the guest, that the model loads and answers and that every policy protecting it
+//! is in force. `cargo xtask vm-test` builds the image if needed and runs this.
+
+mod checks;
+mod guest;
+mod http;
+mod imds;
+mod qemu;
+mod ssh;
+mod suite;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use appliance::Profile;
+use clap::{Parser, Subcommand};
+
+use guest::{Boot, Guest};
+use suite::{Stopped, Suite};
+
+#[derive(Parser)]
+#[command(about = "Boot the appliance image in QEMU and check it from outside and inside")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run every check against the image.
+    Run(Run),
+    /// Answer one OCI metadata (IMDS v2) request on stdin/stdout; QEMU's guestfwd runs this.
+    #[command(hide = true)]
+    ImdsRespond {
+        /// The authorized_keys text to serve.
+        #[arg(long)]
+        keys: PathBuf,
+        /// Where to append a line per request.
+        #[arg(long)]
+        log: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct Run {
+    /// The qcow2 to boot (`cargo xtask image` builds it).
+    #[arg(long, default_value = "target/appliance/e2-micro.qcow2")]
+    image: PathBuf,
+    /// The profile the image was built from: every expectation comes from it.
+    #[arg(long, default_value = "appliance/profiles/e2-micro.toml")]
+    profile: PathBuf,
+    /// The golden data folder (default: $LLM_GOLDEN_DIR, else ../shared/golden).
+    #[arg(long)]
+    golden: Option<PathBuf>,
+    /// Where consoles, keys and logs go (default: a fresh folder under target/vm-test).
+    #[arg(long)]
+    work: Option<PathBuf>,
+    /// Run the remaining checks after a failure instead of stopping.
+    #[arg(long)]
+    keep_going: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Run(run) => run.run(),
+        Cmd::ImdsRespond { keys, log } => imds_respond(&keys, &log).map(|()| true),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("vm-tests: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn imds_respond(keys: &Path, log: &Path) -> Result<()> {
+    let keys = std::fs::read_to_string(keys).with_context(|| format!("read {}", keys.display()))?;
+    imds::respond(
+        std::io::stdin().lock(),
+        std::io::stdout().lock(),
+        &keys,
+        log,
+    )
+}
+
+/// Durations the suite reports at the end.
+#[derive(Default)]
+struct Timings {
+    to_ssh: Option<Duration>,
+    to_ready: Option<Duration>,
+    first_answer: Option<Duration>,
+}
+
+impl Run {
+    /// Runs the suite; `Ok(false)` when a check failed.
+    fn run(self) -> Result<bool> {
+        let started = Instant::now();
+        let profile = Profile::load(&self.profile)?;
+        let golden = self.golden.clone().unwrap_or_else(golden_dir);
+        let work = match &self.work {
+            Some(dir) => dir.clone(),
+            None => PathBuf::from("target/vm-test").join(format!("run-{}", std::process::id())),
+        };
+        std::fs::create_dir_all(&work)?;
+        let work = work.canonicalize()?;
+        let key = ssh::generate_key(&work)?;
+        let imds_log = work.join("imds.log");
+        let exe = std::env::current_exe().context("find the vm-tests binary")?;
+        let boot = Boot {
+            image: &self.image,
+            profile: &profile,
+            key: &key,
+            imds_command: format!(
+                "{} imds-respond --keys {} --log {}",
+                exe.display(),
+                key.with_extension("pub").display(),
+                imds_log.display()
+            ),
+            dir: &work,
+        };
+        eprintln!(
+            "vm-tests: image {}, work in {}",
+            self.image.display(),
+            work.display()
+        );
+
+        let mut suite = Suite::new(self.keep_going);
+        let mut timings = Timings::default();
+        let outcome = checks_on_max_cpu(&mut suite, &boot, &golden, &imds_log, &mut timings)
+            .and_then(|()| check_old_cpu(&mut suite, &boot));
+        if outcome.is_err() {
+            println!("stopped at the first failure (--keep-going runs the rest)");
+        }
+        let secs =
+            |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{:.0} s", d.as_secs_f64()));
+        println!(
+            "timings (TCG): SSH login {} and /health 200 {} after power-on; first answer {}; \
+             suite {}",
+            secs(timings.to_ssh),
+            secs(timings.to_ready),
+            secs(timings.first_answer),
+            secs(Some(started.elapsed()))
+        );
+        println!("{}", suite.summary());
+        Ok(suite.failed() == 0)
+    }
+}
+
+/// Checks 1-5 and 7 on one guest with the CPU the appliance is built for.
+fn checks_on_max_cpu(
+    suite: &mut Suite,
+    boot: &Boot,
+    golden: &Path,
+    imds_log: &Path,
+    timings: &mut Timings,
+) -> Result<(), Stopped> {
+    let profile = boot.profile;
+    let mut started = None;
+    let booted = suite.check("boots-and-ready", None, || {
+        let mut guest = Guest::start(boot, "max")?;
+        // Boot under TCG takes about a minute; the unit's own start timeout covers the load.
+        let budget = Duration::from_secs(600 + u64::from(profile.server.start_timeout_sec));
+        let ssh = guest.wait_for_ssh(budget);
+        let ready = ssh.as_ref().ok().map(|_| guest.wait_for_health(budget));
+        let console = guest.console();
+        started = Some(guest);
+        let to_ssh = ssh.with_context(|| console_hint(&console))?;
+        let to_ready = ready.expect("set when SSH answered")?;
+        timings.to_ssh = Some(to_ssh);
+        timings.to_ready = Some(to_ready);
+        let imds = std::fs::read_to_string(imds_log).unwrap_or_default();
+        Ok(format!(
+            "SSH as root after {:.0} s with the key from IMDS ({}), /health 200 after {:.0} s",
+            to_ssh.as_secs_f64(),
+            imds.lines().last().unwrap_or("no request logged").trim(),
+            to_ready.as_secs_f64()
+        ))
+    })?;
+    let names = [
+        "answers",
+        "memory-policy",
+        "firewall",
+        "headroom",
+        "memory-pressure",
+    ];
+    let Some(guest) = started.filter(|_| booted) else {
+        for name in names {
+            suite.not_run(name, "the guest did not become ready");
+        }
+        return Ok(());
+    };
+    let console = guest.console();
+    let console = Some(console.as_path());
+    suite.check("answers", console, || {
+        let answers = checks::api::run(guest.api, profile, golden)?;
+        timings.first_answer = Some(answers.first_answer);
+        Ok(answers.detail)
+    })?;
+    suite.check("memory-policy", console, || {
+        checks::policy::run(&guest.ssh, profile)
+    })?;
+    suite.check("firewall", console, || checks::firewall::run(&guest))?;
+    // Before the pressure test, which leaves memory in a different state.
+    suite.check("headroom", console, || {
+        checks::headroom::run(&guest.ssh, profile)
+    })?;
+    suite.check("memory-pressure", console, || {
+        checks::pressure::run(&guest.ssh, guest.api)
+    })?;
+    Ok(())
+}
+
+/// Check 6 on a second, short boot with a CPU that lacks AVX2.
+fn check_old_cpu(suite: &mut Suite, boot: &Boot) -> Result<(), Stopped> {
+    let mut console = None;
+    suite.check("no-avx2-refusal", None, || {
+        let mut guest = Guest::start(boot, checks::cpu::OLD_CPU)?;
+        console = Some(guest.console());
+        guest
+            .wait_for_ssh(Duration::from_secs(900))
+            .with_context(|| console_hint(&guest.console()))?;
+        checks::cpu::run(&guest.ssh, boot.profile)
+    })?;
+    Ok(())
+}
+
+fn console_hint(console: &Path) -> String {
+    let text = std::fs::read_to_string(console).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!(
+        "guest console ({}), last lines:\n{}",
+        console.display(),
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    )
+}
+
+/// `$LLM_GOLDEN_DIR`, else `shared/golden` beside the repository.
+fn golden_dir() -> PathBuf {
+    std::env::var_os("LLM_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden"))
+}

@@ -1,0 +1,130 @@
+//! One QEMU guest booting the appliance image the way OCI boots it: UEFI (OVMF), virtio disk and
+//! network, serial console, the profile's RAM.
+//!
+//! TCG only: /dev/kvm exists on these machines but hangs every guest. `-snapshot` writes nothing
+//! back to the image. User networking lives in 169.254.0.0/16 because QEMU accepts a `guestfwd`
+//! only for an address inside its own network, and the metadata service must be 169.254.169.254.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// The network QEMU's user networking simulates; the metadata address must be inside it.
+const NETWORK: &str = "169.254.0.0/16";
+
+pub struct Config<'a> {
+    pub image: &'a Path,
+    /// A QEMU CPU model: `max` (x86-64-v3 under TCG) or an older one for the CPU check.
+    pub cpu: &'a str,
+    pub ram_mib: u64,
+    /// Guest TCP ports to forward from the host's loopback.
+    pub guest_ports: &'a [u16],
+    /// `IP:PORT` of the metadata service and the command QEMU runs per connection to it.
+    pub metadata: (String, String),
+    /// Where the guest's files (console, firmware variables) go.
+    pub dir: &'a Path,
+}
+
+/// A running guest; QEMU is killed when it is dropped.
+pub struct Vm {
+    child: Child,
+    pub console: PathBuf,
+    stderr: PathBuf,
+    /// Host address forwarded to each of `Config::guest_ports`, in order.
+    forwards: Vec<(u16, SocketAddr)>,
+}
+
+impl Vm {
+    pub fn start(config: &Config) -> Result<Vm> {
+        for (path, package) in [(OVMF_CODE, "ovmf"), (OVMF_VARS, "ovmf")] {
+            if !Path::new(path).exists() {
+                bail!("{path} is missing: install the firmware with `apt-get install {package}`");
+            }
+        }
+        if !config.image.is_file() {
+            bail!(
+                "no image at {}: build it with `cargo xtask image`",
+                config.image.display()
+            );
+        }
+        let vars = config.dir.join(format!("ovmf-vars-{}.fd", config.cpu));
+        std::fs::copy(OVMF_VARS, &vars).with_context(|| format!("copy {OVMF_VARS}"))?;
+        let console = config.dir.join(format!("console-{}.log", config.cpu));
+        let forwards = config
+            .guest_ports
+            .iter()
+            .map(|&guest| Ok((guest, free_loopback_port()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let stderr = config.dir.join(format!("qemu-{}.stderr", config.cpu));
+        let (address, command) = &config.metadata;
+        let mut netdev = format!(
+            "user,id=net0,net={NETWORK},guestfwd=tcp:{address}-cmd:{}",
+            command.replace(',', ",,")
+        );
+        for (guest, host) in &forwards {
+            netdev.push_str(&format!(",hostfwd=tcp:{host}-:{guest}"));
+        }
+        let child = Command::new("qemu-system-x86_64")
+            .args(["-machine", "q35", "-accel", "tcg", "-cpu", config.cpu])
+            .args(["-smp", "2", "-m", &config.ram_mib.to_string()])
+            .arg("-drive")
+            .arg(format!("if=pflash,format=raw,readonly=on,file={OVMF_CODE}"))
+            .arg("-drive")
+            .arg(format!("if=pflash,format=raw,file={}", vars.display()))
+            .arg("-drive")
+            .arg(format!(
+                "if=virtio,format=qcow2,file={}",
+                config.image.display()
+            ))
+            .args(["-snapshot", "-nographic", "-monitor", "none"])
+            .args(["-netdev", &netdev, "-device", "virtio-net-pci,netdev=net0"])
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&stderr)?))
+            .spawn()
+            .context("start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        Ok(Vm {
+            child,
+            console,
+            stderr,
+            forwards,
+        })
+    }
+
+    /// The host address forwarded to `guest_port`.
+    pub fn forward(&self, guest_port: u16) -> SocketAddr {
+        self.forwards
+            .iter()
+            .find(|(guest, _)| *guest == guest_port)
+            .map(|(_, host)| *host)
+            .expect("every forwarded port is in the VM's configuration")
+    }
+
+    /// Fails when QEMU has exited, with its status and error output.
+    pub fn ensure_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+            bail!("QEMU exited ({status}): {}", stderr.trim_end());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port nothing listens on now. QEMU binds it a moment later; another process could
+/// take it in between, which QEMU then reports as a failed `hostfwd`.
+fn free_loopback_port() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}

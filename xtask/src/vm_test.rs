@@ -1,0 +1,56 @@
+//! `cargo xtask vm-test`: boot the appliance image in QEMU and run the VM test suite
+//! (`vm-tests/`) against it, building the image first when there is none.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use appliance::Profile;
+use xshell::{cmd, Shell};
+
+#[derive(clap::Args)]
+pub struct VmTest {
+    /// The qcow2 to test (default: the one `cargo xtask image` builds for the profile, built
+    /// now if missing).
+    #[arg(long)]
+    image: Option<PathBuf>,
+    /// The profile the image was built from.
+    #[arg(long, default_value = "appliance/profiles/e2-micro.toml")]
+    profile: PathBuf,
+    /// Run the remaining checks after a failure instead of stopping at the first.
+    #[arg(long)]
+    keep_going: bool,
+}
+
+impl VmTest {
+    pub fn run(self, sh: &Shell) -> Result<()> {
+        let profile_path = &self.profile;
+        let image = match self.image {
+            Some(image) if image.is_file() => image,
+            Some(image) => bail!(
+                "no image at {}: build one with `cargo xtask image` or leave out --image",
+                image.display()
+            ),
+            None => {
+                let profile = Profile::load(profile_path)?;
+                let image =
+                    PathBuf::from(format!("target/appliance/{}.qcow2", profile.machine.name));
+                if !image.is_file() {
+                    eprintln!("==> {} is missing: building it", image.display());
+                    // This same binary's `image` task, so no second cargo build is involved.
+                    let xtask = std::env::current_exe().context("find the xtask binary")?;
+                    cmd!(sh, "{xtask} image --profile {profile_path}")
+                        .run()
+                        .context("building the image for the VM test failed")?;
+                }
+                image
+            }
+        };
+        let keep_going = self.keep_going.then_some("--keep-going");
+        cmd!(
+            sh,
+            "cargo run --quiet -p vm-tests -- run --image {image} --profile {profile_path} {keep_going...}"
+        )
+        .run()
+        .context("the VM test failed (its output above names the check and shows the guest console)")
+    }
+}
