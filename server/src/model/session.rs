@@ -415,63 +415,67 @@ fn attention(
         SharedMut(scores.as_mut_ptr()),
         SharedMut(qh.as_mut_ptr()),
     );
-    m.pool.for_chunks(n * c.n_head, 1, &|thread, range| {
-        let (out_p, scores_p, qh_p) = (out_p, scores_p, qh_p);
-        for task in range {
-            let (t, h) = (task / c.n_head, task % c.n_head);
-            let pos = pos0 + t;
-            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            // Rows start on a multiple of 8 so softmax groups and value lanes fall on the same
-            // positions as llama.cpp's; entries outside [first, pos] are masked.
-            let base = first - first % 8;
-            let len8 = (pos + 1 - base).div_ceil(8) * 8;
-            // SAFETY: per-thread scratch regions and per-(t, h) output slices are disjoint.
-            let (sc, qv, acc, o) = unsafe {
-                let scratch = qh_p.0.add(thread * per_thread);
-                (
-                    std::slice::from_raw_parts_mut(scores_p.0.add(thread * row), len8),
-                    std::slice::from_raw_parts_mut(scratch, hd),
-                    std::slice::from_raw_parts_mut(scratch.add(hd), 8 * hd),
-                    std::slice::from_raw_parts_mut(out_p.0.add(t * qd + h * hd), hd),
-                )
-            };
-            let qsrc = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let pre = if c.q_prescale { scale } else { 1.0 };
-            for (d, &x) in qv.iter_mut().zip(qsrc) {
-                *d = f16::from_f32(x * pre).to_f32();
-            }
-            let post = if c.q_prescale { 1.0 } else { scale };
-            let kh = h / group;
-            for (i, s) in sc.iter_mut().enumerate() {
-                let p = base + i;
-                *s = if p < first || p > pos {
-                    f32::NEG_INFINITY
-                } else {
-                    let cell = lkv.cell(p);
-                    dot_f16_lanes(qv, &lkv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd])
-                        * post
+    // Each chunk gets at least ~32k multiply-adds, so short contexts stay on the calling thread
+    // instead of paying a worker's wake-up.
+    let chunk = (32 << 10) / ((pos0 + n) * hd).max(1);
+    m.pool
+        .for_chunks(n * c.n_head, chunk.max(1), &|thread, range| {
+            let (out_p, scores_p, qh_p) = (out_p, scores_p, qh_p);
+            for task in range {
+                let (t, h) = (task / c.n_head, task % c.n_head);
+                let pos = pos0 + t;
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                // Rows start on a multiple of 8 so softmax groups and value lanes fall on the same
+                // positions as llama.cpp's; entries outside [first, pos] are masked.
+                let base = first - first % 8;
+                let len8 = (pos + 1 - base).div_ceil(8) * 8;
+                // SAFETY: per-thread scratch regions and per-(t, h) output slices are disjoint.
+                let (sc, qv, acc, o) = unsafe {
+                    let scratch = qh_p.0.add(thread * per_thread);
+                    (
+                        std::slice::from_raw_parts_mut(scores_p.0.add(thread * row), len8),
+                        std::slice::from_raw_parts_mut(scratch, hd),
+                        std::slice::from_raw_parts_mut(scratch.add(hd), 8 * hd),
+                        std::slice::from_raw_parts_mut(out_p.0.add(t * qd + h * hd), hd),
+                    )
                 };
-            }
-            ops::softmax_ggml(sc);
-            acc.iter_mut().for_each(|v| *v = 0.0);
-            for (i, &p) in sc.iter().enumerate() {
-                let at = base + i;
-                if at < first || at > pos {
-                    continue; // a zero probability adds exactly nothing
+                let qsrc = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                let pre = if c.q_prescale { scale } else { 1.0 };
+                for (d, &x) in qv.iter_mut().zip(qsrc) {
+                    *d = f16::from_f32(x * pre).to_f32();
                 }
-                let p = f16::from_f32(p).to_f32();
-                let cell = lkv.cell(at);
-                let v = &lkv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
-                let lane = &mut acc[(i % 8) * hd..(i % 8 + 1) * hd];
-                for (a, &v) in lane.iter_mut().zip(v) {
-                    *a = p.mul_add(v.to_f32(), *a);
+                let post = if c.q_prescale { 1.0 } else { scale };
+                let kh = h / group;
+                for (i, s) in sc.iter_mut().enumerate() {
+                    let p = base + i;
+                    *s = if p < first || p > pos {
+                        f32::NEG_INFINITY
+                    } else {
+                        let cell = lkv.cell(p);
+                        dot_f16_lanes(qv, &lkv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd])
+                            * post
+                    };
+                }
+                ops::softmax_ggml(sc);
+                acc.iter_mut().for_each(|v| *v = 0.0);
+                for (i, &p) in sc.iter().enumerate() {
+                    let at = base + i;
+                    if at < first || at > pos {
+                        continue; // a zero probability adds exactly nothing
+                    }
+                    let p = f16::from_f32(p).to_f32();
+                    let cell = lkv.cell(at);
+                    let v = &lkv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
+                    let lane = &mut acc[(i % 8) * hd..(i % 8 + 1) * hd];
+                    for (a, &v) in lane.iter_mut().zip(v) {
+                        *a = p.mul_add(v.to_f32(), *a);
+                    }
+                }
+                for (d, o) in o.iter_mut().enumerate() {
+                    *o = ops::hsum8(&std::array::from_fn(|r| acc[r * hd + d]));
                 }
             }
-            for (d, o) in o.iter_mut().enumerate() {
-                *o = ops::hsum8(&std::array::from_fn(|r| acc[r * hd + d]));
-            }
-        }
-    });
+        });
 }
 
 /// Dot product in 8 lanes (lane r takes elements r, r+8, …, chained by FMA), summed in ggml's
