@@ -2,7 +2,7 @@
 //! then output rows are spread over the pool; each weight row is read once per batch.
 
 use super::weights::Mat;
-use crate::quant::{dot_rows, quantize_row, vec_dot_type, GgmlType};
+use crate::quant::{dot_rows, dot_rows_x4, quantize_row, vec_dot_type, GgmlType};
 use crate::threads::Pool;
 
 /// Activation formats, each with its own buffer so one input can feed weights of several types.
@@ -111,14 +111,26 @@ pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mu
         .max((64 << 10) / w.row_bytes);
     pool.for_chunks(rows, chunk, &|_, range| {
         let weights = &data[range.start * w.row_bytes..range.end * w.row_bytes];
-        for t in 0..n {
-            let a = &acts[t * act_row..(t + 1) * act_row];
-            // SAFETY: this chunk owns rows `range` of every token's output, disjoint from the
-            // other chunks', and t * rows + range.end <= n * rows <= out.len().
-            let o = unsafe {
-                std::slice::from_raw_parts_mut(dst.at(t * rows + range.start), range.len())
-            };
-            dot_rows(w.ty, w.cols, weights, a, o);
+        let act = |t: usize| &acts[t * act_row..(t + 1) * act_row];
+        // SAFETY: this chunk owns rows `range` of every token's output, disjoint from the other
+        // chunks', and t * rows + range.end <= n * rows <= out.len().
+        let out_of = |t: usize| unsafe {
+            std::slice::from_raw_parts_mut(dst.at(t * rows + range.start), range.len())
+        };
+        let mut t = 0;
+        while t + 4 <= n {
+            let outs = [out_of(t), out_of(t + 1), out_of(t + 2), out_of(t + 3)];
+            dot_rows_x4(
+                w.ty,
+                w.cols,
+                weights,
+                [act(t), act(t + 1), act(t + 2), act(t + 3)],
+                outs,
+            );
+            t += 4;
+        }
+        for t in t..n {
+            dot_rows(w.ty, w.cols, weights, act(t), out_of(t));
         }
     });
 }

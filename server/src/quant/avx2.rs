@@ -148,6 +148,41 @@ unsafe fn dot_block32<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
     hsum(acc)
 }
 
+/// [`dot_block32`] of one weight row against four activation rows at once (prompt
+/// processing): each weight block is unpacked once and feeds four FMA chains, one per output,
+/// so every output sums in exactly the single-row order.
+#[inline(always)]
+unsafe fn dot_block32_x4<B: SignedBlock32>(w: &[B], a: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (b, wb) in w.iter().enumerate() {
+        let wq = wb.quants();
+        let dw = f16_to_f32(wb.d());
+        for k in 0..4 {
+            let ab = &a[k][b];
+            let sumi = dot_i8_quads(wq, load256(ab.qs.as_ptr().cast()));
+            let d = _mm256_set1_ps(dw * f16_to_f32(ab.d));
+            acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[k]);
+        }
+    }
+    acc.map(|v| hsum(v))
+}
+
+pub fn q8_0_q8_0_x4(w: &[BlockQ8_0], a: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+    // SAFETY: as in `q8_0_q8_0`; every activation row holds as many blocks as `w` (checked by
+    // the caller).
+    unsafe { dot_block32_x4(w, a) }
+}
+
+pub fn q4_0_q8_0_x4(w: &[BlockQ4_0], a: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+    // SAFETY: as in `q8_0_q8_0_x4`.
+    unsafe { dot_block32_x4(w, a) }
+}
+
+pub fn q5_0_q8_0_x4(w: &[BlockQ5_0], a: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+    // SAFETY: as in `q8_0_q8_0_x4`.
+    unsafe { dot_block32_x4(w, a) }
+}
+
 /// As [`dot_block32`] but with ggml's two chains for IQ4_NL (even and odd blocks), summed
 /// before the horizontal add; an odd last block is added after it.
 #[inline(always)]

@@ -118,20 +118,53 @@ pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32])
     }
 }
 
-/// Dots one weight row against several activation rows (prefill), writing `out[i]` for `acts[i]`.
-/// The weight row (at most a few KiB) stays in L1 across the activation rows.
-pub fn vec_dot_multi(w: GgmlType, n: usize, w_row: &[u8], acts: &[&[u8]], out: &mut [f32]) {
-    assert_eq!(
-        acts.len(),
-        out.len(),
-        "vec_dot_multi: {} activation rows but {} outputs",
-        acts.len(),
-        out.len()
-    );
-    check_row_len("vec_dot_multi (weights)", w, n, w_row.len());
-    for (act, o) in acts.iter().zip(out) {
-        check_row_len("vec_dot_multi (activations)", vec_dot_type(w), n, act.len());
-        *o = simd_vec_dot(w, w_row, act);
+/// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`. Types with a
+/// four-row kernel (Q8_0, Q4_0, Q5_0: the weight unpacking is shared) use it; the rest loop.
+/// Results are bit-identical to four [`dot_rows`] calls.
+pub fn dot_rows_x4(w: GgmlType, n: usize, rows: &[u8], acts: [&[u8]; 4], outs: [&mut [f32]; 4]) {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    {
+        type Kernel = fn(&[u8], [&[u8]; 4]) -> [f32; 4];
+        let kernel: Option<Kernel> = match w {
+            GgmlType::Q8_0 => {
+                Some(|r, a| avx2::q8_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+            }
+            GgmlType::Q4_0 => {
+                Some(|r, a| avx2::q4_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+            }
+            GgmlType::Q5_0 => {
+                Some(|r, a| avx2::q5_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+            }
+            _ => None,
+        };
+        if let Some(kernel) = kernel {
+            let row_bytes = w
+                .row_bytes(n)
+                .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
+            let Some(row_bytes) = row_bytes else {
+                panic!(
+                    "dot_rows_x4: {} bytes are not {} {w} rows of {n} values",
+                    rows.len(),
+                    outs[0].len()
+                );
+            };
+            for a in acts {
+                check_row_len("dot_rows_x4 (activations)", vec_dot_type(w), n, a.len());
+            }
+            let [o0, o1, o2, o3] = outs;
+            for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+                [o0[i], o1[i], o2[i], o3[i]] = kernel(row, acts);
+            }
+            return;
+        }
+    }
+    for (a, o) in acts.into_iter().zip(outs) {
+        dot_rows(w, n, rows, a, o);
     }
 }
 

@@ -142,18 +142,24 @@ proptest! {
     }
 
     #[test]
-    fn vec_dot_multi_equals_vec_dot(seed in any::<u64>()) {
+    fn dot_rows_and_dot_rows_x4_equal_vec_dot_bit_for_bit(seed in any::<u64>()) {
         let mut rng = Rng(seed);
         for w in WEIGHT_TYPES {
             let n = 256;
-            let w_row = random_weights(w, n, &mut rng);
+            let rows: Vec<Vec<u8>> = (0..3).map(|_| random_weights(w, n, &mut rng)).collect();
+            let all_rows = rows.concat();
             let acts: Vec<Vec<u8>> =
-                (0..3).map(|_| quantized(vec_dot_type(w), &random_activations(n, &mut rng))).collect();
-            let act_refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
-            let mut out = [0f32; 3];
-            vec_dot_multi(w, n, &w_row, &act_refs, &mut out);
-            for (a, o) in acts.iter().zip(out) {
-                prop_assert_eq!(o.to_bits(), vec_dot(w, n, &w_row, a).to_bits());
+                (0..4).map(|_| quantized(vec_dot_type(w), &random_activations(n, &mut rng))).collect();
+            let mut single = [0f32; 3];
+            dot_rows(w, n, &all_rows, &acts[0], &mut single);
+            let mut outs = [[0f32; 3]; 4];
+            let [o0, o1, o2, o3] = &mut outs;
+            dot_rows_x4(w, n, &all_rows, [&acts[0], &acts[1], &acts[2], &acts[3]], [o0, o1, o2, o3]);
+            for (r, row) in rows.iter().enumerate() {
+                prop_assert_eq!(single[r].to_bits(), vec_dot(w, n, row, &acts[0]).to_bits());
+                for (k, act) in acts.iter().enumerate() {
+                    prop_assert_eq!(outs[k][r].to_bits(), vec_dot(w, n, row, act).to_bits(), "{} row {} act {}", w, r, k);
+                }
             }
         }
     }
