@@ -10,11 +10,14 @@ use appliance::Profile;
 
 use crate::http;
 use crate::qemu::{self, Vm};
+use crate::sabotage::Policy;
 use crate::ssh::Ssh;
 
 /// A guest port the firewall must not let through: QEMU forwards it like the allowed ones, so
 /// only the guest's nftables can block it.
 pub const CLOSED_PORT: u16 = 9999;
+/// The QEMU CPU model the appliance is built for: under TCG it has x86-64-v3.
+pub const MAIN_CPU: &str = "max";
 /// How often a wait asks again.
 const POLL: Duration = Duration::from_secs(5);
 
@@ -24,6 +27,8 @@ pub struct Guest {
     /// The API port on the host.
     pub api: SocketAddr,
     pub started: Instant,
+    old_cpu: bool,
+    remove: Vec<Policy>,
 }
 
 /// What a guest needs from the run: the image, its profile, the test's key and the command that
@@ -34,6 +39,8 @@ pub struct Boot<'a> {
     pub key: &'a Path,
     pub imds_command: String,
     pub dir: &'a Path,
+    /// Policies to take away once SSH answers (to see their checks fail).
+    pub remove: &'a [Policy],
 }
 
 impl Guest {
@@ -63,6 +70,8 @@ impl Guest {
             ssh,
             api,
             started,
+            old_cpu: cpu != MAIN_CPU,
+            remove: boot.remove.to_vec(),
         })
     }
 
@@ -74,7 +83,13 @@ impl Guest {
             self.vm.ensure_running()?;
             let out = self.ssh.run("true")?;
             if out.status == Some(0) {
-                return Ok(self.started.elapsed());
+                let at = self.started.elapsed();
+                for policy in &self.remove {
+                    if policy.on_old_cpu() == self.old_cpu {
+                        policy.apply(&self.ssh)?;
+                    }
+                }
+                return Ok(at);
             }
             last = out.stderr;
             std::thread::sleep(POLL);

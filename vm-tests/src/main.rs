@@ -7,6 +7,7 @@ mod guest;
 mod http;
 mod imds;
 mod qemu;
+mod sabotage;
 mod ssh;
 mod suite;
 
@@ -61,6 +62,10 @@ struct Run {
     /// Run the remaining checks after a failure instead of stopping.
     #[arg(long)]
     keep_going: bool,
+    /// Remove these policies from the guests once they boot, to see the checks guarding them
+    /// fail (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    remove_policy: Vec<sabotage::Policy>,
 }
 
 fn main() -> ExitCode {
@@ -123,6 +128,7 @@ impl Run {
                 imds_log.display()
             ),
             dir: &work,
+            remove: &self.remove_policy,
         };
         eprintln!(
             "vm-tests: image {}, work in {}",
@@ -163,7 +169,7 @@ fn checks_on_max_cpu(
     let profile = boot.profile;
     let mut started = None;
     let booted = suite.check("boots-and-ready", None, || {
-        let mut guest = Guest::start(boot, "max")?;
+        let mut guest = Guest::start(boot, guest::MAIN_CPU)?;
         // Boot under TCG takes about a minute; the unit's own start timeout covers the load.
         let budget = Duration::from_secs(600 + u64::from(profile.server.start_timeout_sec));
         let ssh = guest.wait_for_ssh(budget);

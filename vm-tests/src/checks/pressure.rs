@@ -23,7 +23,8 @@ pub fn run(ssh: &Ssh, api: SocketAddr) -> Result<String> {
         "echo '## before'; systemctl show llm-server -p NRestarts,MainPID
          since=$(date +%s)
          timeout {HOG_LIMIT_SECS} {HOG} /dev/zero
-         echo \"## hog\"; echo $?
+         status=$?
+         echo '## hog'; echo $status
          sleep 3
          echo '## earlyoom'; journalctl -u earlyoom --since @$since -o cat
          echo '## kernel'; journalctl -k --since @$since -o cat | grep -iE 'out of memory|oom-kill|oom_reaper|killed process' || true
