@@ -30,10 +30,11 @@ fn rss_bytes(pid: u32) -> u64 {
 
 #[test]
 fn sixty_four_clients_two_slots_queue_sixteen() {
-    // One forward-pass thread: with the tiny model, two threads spend more time meeting at
-    // barriers than computing, and this test is about the server, not the kernels.
+    // The default model, as on the appliance: its RSS (~300 MiB, mostly the mapped weights) is
+    // what the 5 % bound is about. A 12 MiB server on the tiny model moves 5 % while its
+    // allocator warms up (measured: +0.7 MiB by request 500, then flat to request 3000).
     let s = Server::start(
-        &serve_support::synth_model(),
+        &common::default_model(),
         &[
             "--parallel",
             "2",
