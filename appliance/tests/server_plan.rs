@@ -1,0 +1,65 @@
+//! The profile's memory check against the server's own planner: the appliance's estimate
+//! (`appliance::plan::requirement`, which sizes the unit's limits) must cover what
+//! `llm-server plan` computes for the same model file, context and slots, or the server would
+//! refuse to start (exit 2) inside the limits the image gives it.
+
+use std::path::PathBuf;
+
+use appliance::Profile;
+use llm_server::gguf::Gguf;
+use llm_server::plan::MemoryPlan;
+
+fn default_model() -> PathBuf {
+    let path = std::env::var_os("LLM_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            PathBuf::from(home).join(".cache/llm-appliance/models/gemma-3-270m-q4_k_m.gguf")
+        });
+    assert!(
+        path.exists(),
+        "default model not found at {}; run `cargo xtask model` first",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn profile_estimate_covers_the_servers_plan_and_fits_the_unit_limits() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let profile = Profile::load(&root.join("profiles/e2-micro.toml")).unwrap();
+    let model = default_model();
+    assert_eq!(
+        model.file_name().unwrap().to_str().unwrap(),
+        profile.model.file
+    );
+    let gguf = Gguf::open(&model).unwrap();
+    let server = &profile.server;
+    let plan =
+        MemoryPlan::for_model_file(&gguf, server.ctx_size as usize, server.parallel as usize)
+            .unwrap();
+    let estimate = appliance::plan::requirement(&profile.model, server);
+    eprintln!(
+        "server plan {} MiB (weights {}, anonymous {}); appliance estimate {} MiB",
+        plan.total() >> 20,
+        plan.weights_bytes >> 20,
+        plan.anonymous_bytes() >> 20,
+        estimate.total() >> 20
+    );
+    assert_eq!(
+        plan.weights_bytes,
+        profile.model.size_bytes - gguf_header_bytes(&gguf)
+    );
+    assert!(
+        estimate.total() >= plan.total(),
+        "the profile's estimate ({} B) is below the server's plan ({} B): the unit limits it sizes would be too small",
+        estimate.total(),
+        plan.total()
+    );
+}
+
+/// Bytes of the file before and between tensors (header, metadata, padding): the server's plan
+/// counts tensor bytes only.
+fn gguf_header_bytes(g: &Gguf) -> u64 {
+    g.bytes().len() as u64 - g.tensors.iter().map(|t| t.size as u64).sum::<u64>()
+}
