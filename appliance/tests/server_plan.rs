@@ -25,7 +25,7 @@ fn default_model() -> PathBuf {
 }
 
 #[test]
-fn profile_estimate_covers_the_servers_plan_and_fits_the_unit_limits() {
+fn profile_estimate_covers_the_servers_plan() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let profile = Profile::load(&root.join("profiles/e2-micro.toml")).unwrap();
     let model = default_model();
@@ -46,20 +46,10 @@ fn profile_estimate_covers_the_servers_plan_and_fits_the_unit_limits() {
         plan.anonymous_bytes() >> 20,
         estimate.total() >> 20
     );
-    assert_eq!(
-        plan.weights_bytes,
-        profile.model.size_bytes - gguf_header_bytes(&gguf)
-    );
     assert!(
         estimate.total() >= plan.total(),
         "the profile's estimate ({} B) is below the server's plan ({} B): the unit limits it sizes would be too small",
         estimate.total(),
         plan.total()
     );
-}
-
-/// Bytes of the file before and between tensors (header, metadata, padding): the server's plan
-/// counts tensor bytes only.
-fn gguf_header_bytes(g: &Gguf) -> u64 {
-    g.bytes().len() as u64 - g.tensors.iter().map(|t| t.size as u64).sum::<u64>()
 }
