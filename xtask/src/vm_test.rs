@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use appliance::Profile;
 use xshell::{cmd, Shell};
 
@@ -13,7 +13,7 @@ pub struct VmTest {
     /// now if missing).
     #[arg(long)]
     image: Option<PathBuf>,
-    /// The profile the image was built from.
+    /// The profile the image was built from (relative to the repository root).
     #[arg(long, default_value = "appliance/profiles/e2-micro.toml")]
     profile: PathBuf,
     /// Run the remaining checks after a failure instead of stopping at the first.
@@ -23,17 +23,21 @@ pub struct VmTest {
 
 impl VmTest {
     pub fn run(self, sh: &Shell) -> Result<()> {
-        let profile_path = &self.profile;
+        // The default profile is named from the repository's root, where the suite runs.
+        let profile_path = &sh.current_dir().join(&self.profile);
         let image = match self.image {
-            Some(image) if image.is_file() => image,
-            Some(image) => bail!(
-                "no image at {}: build one with `cargo xtask image` or leave out --image",
-                image.display()
-            ),
+            // Named from where the user is; the suite runs elsewhere.
+            Some(image) => std::fs::canonicalize(&image).with_context(|| {
+                format!(
+                    "no image at {}: build one with `cargo xtask image` or leave out --image",
+                    image.display()
+                )
+            })?,
             None => {
                 let profile = Profile::load(profile_path)?;
-                let image =
-                    PathBuf::from(format!("target/appliance/{}.qcow2", profile.machine.name));
+                let image = sh
+                    .current_dir()
+                    .join(format!("target/appliance/{}.qcow2", profile.machine.name));
                 if !image.is_file() {
                     eprintln!("==> {} is missing: building it", image.display());
                     // This same binary's `image` task, so no second cargo build is involved.
