@@ -36,6 +36,45 @@ pub struct Image {
     /// Seconds the smoke boot may take to reach the login prompt.
     #[arg(long, default_value_t = 900)]
     smoke_timeout: u64,
+    /// Who builds the image: `nix` (`nix build .#e2-micro-image`), `debian` (mmdebstrap, this
+    /// task), or `auto`: Nix when a Nix that can build NixOS is present, Debian otherwise.
+    #[arg(long, value_enum, default_value_t = Builder::Auto)]
+    pub builder: Builder,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Builder {
+    Auto,
+    Nix,
+    Debian,
+}
+
+impl Builder {
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            Builder::Auto => "auto",
+            Builder::Nix => "nix",
+            Builder::Debian => "debian",
+        }
+    }
+}
+
+/// Nix's flags that enable the flakes interface for one command.
+const NIX_FLAGS: [&str; 2] = ["--extra-experimental-features", "nix-command flakes"];
+
+/// Whether this machine's Nix can build NixOS: `nix` runs and the binary cache answers (without
+/// it, nixpkgs cannot be fetched and a NixOS build cannot start).
+fn nix_can_build_nixos(sh: &Shell) -> bool {
+    let ping = "https://cache.nixos.org";
+    cmd!(
+        sh,
+        "timeout 20 nix {NIX_FLAGS...} store ping --store {ping}"
+    )
+    .quiet()
+    .ignore_stdout()
+    .ignore_stderr()
+    .run()
+    .is_ok()
 }
 
 /// Debian packages the builder runs on the host, by the command each provides.
@@ -51,6 +90,53 @@ const HOST_TOOLS: [(&str, &str); 7] = [
 
 impl Image {
     pub fn run(self, sh: &Shell) -> Result<()> {
+        let builder = match self.builder {
+            Builder::Auto if nix_can_build_nixos(sh) => Builder::Nix,
+            Builder::Auto => Builder::Debian,
+            chosen => chosen,
+        };
+        let why = match self.builder {
+            Builder::Auto => " (auto: a Nix that can build NixOS is present)",
+            _ => " (--builder)",
+        };
+        if builder == Builder::Nix {
+            println!("builder: nix{why}");
+            return self.run_nix(sh);
+        }
+        let why = match self.builder {
+            Builder::Auto => " (auto: no Nix that can build NixOS here)",
+            _ => " (--builder)",
+        };
+        println!("builder: debian{why}");
+        self.run_debian(sh)
+    }
+
+    /// `nix build .#<machine>-image`, then the qcow2 copied to where the Debian builder puts it.
+    fn run_nix(self, sh: &Shell) -> Result<()> {
+        let profile = Profile::load(&self.profile)?;
+        let name = profile.machine.name.clone();
+        let out = sh.current_dir().join(&self.out);
+        sh.create_dir(&out)?;
+        let link = out.join("nix-result");
+        let attr = format!(".#{name}-image");
+        cmd!(sh, "nix {NIX_FLAGS...} build {attr} --out-link {link}")
+            .run()
+            .context(
+                "nix build failed; `--builder debian` builds the same appliance without Nix",
+            )?;
+        let built = link.join(format!("{name}.qcow2"));
+        let image = out.join(format!("{name}.qcow2"));
+        std::fs::copy(&built, &image)
+            .with_context(|| format!("copy {} to {}", built.display(), image.display()))?;
+        println!("built {} with Nix", image.display());
+        if self.smoke {
+            let boot = smoke::boot(sh, &image, &profile, &out, self.smoke_timeout)?;
+            println!("{boot}");
+        }
+        Ok(())
+    }
+
+    fn run_debian(self, sh: &Shell) -> Result<()> {
         let started = Instant::now();
         let mut progress = Progress::new();
         let profile = Profile::load(&self.profile)?;

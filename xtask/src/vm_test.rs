@@ -19,6 +19,9 @@ pub struct VmTest {
     /// Run the remaining checks after a failure instead of stopping at the first.
     #[arg(long)]
     keep_going: bool,
+    /// Who builds the image when it is missing (see `cargo xtask image --builder`).
+    #[arg(long, value_enum, default_value_t = crate::image::Builder::Auto)]
+    builder: crate::image::Builder,
 }
 
 impl VmTest {
@@ -42,9 +45,13 @@ impl VmTest {
                     eprintln!("==> {} is missing: building it", image.display());
                     // This same binary's `image` task, so no second cargo build is involved.
                     let xtask = std::env::current_exe().context("find the xtask binary")?;
-                    cmd!(sh, "{xtask} image --profile {profile_path}")
-                        .run()
-                        .context("building the image for the VM test failed")?;
+                    let builder = self.builder.as_arg();
+                    cmd!(
+                        sh,
+                        "{xtask} image --profile {profile_path} --builder {builder}"
+                    )
+                    .run()
+                    .context("building the image for the VM test failed")?;
                 }
                 image
             }
