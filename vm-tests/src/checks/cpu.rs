@@ -37,19 +37,20 @@ pub fn run(ssh: &Ssh, profile: &Profile) -> Result<String> {
     ))?;
     let (state, journal) = out.split_once("## journal").unwrap_or((&out, ""));
     let p = properties(state);
+    let get = |key: &str| p.get(key).copied().unwrap_or("?");
     let mut problems = Vec::new();
-    if p.get("NRestarts") != Some(&"0") || p.get("ActiveState") != Some(&"failed") {
+    if get("NRestarts") != "0" || get("ActiveState") != "failed" {
         problems.push(format!(
-            "{settle} s after the failure the unit is {:?} with NRestarts={:?}: it restarts in a \
-             loop (RestartPreventExitStatus missing?)",
-            p.get("ActiveState"),
-            p.get("NRestarts")
+            "{settle} s later the unit is {} after {} restarts: it restarts in a loop",
+            get("ActiveState"),
+            get("NRestarts")
         ));
     }
-    if p.get("ExecMainStatus") != Some(&"3") {
+    if get("ExecMainStatus") != "3" {
         problems.push(format!(
-            "llm-server exited with {:?}, not 3 (the CPU refusal)",
-            p.get("ExecMainStatus")
+            "llm-server ended with {} ({}), not exit status 3 (its CPU refusal)",
+            get("ExecMainStatus"),
+            get("Result")
         ));
     }
     let message = journal.lines().find(|l| l.contains(MESSAGE));
@@ -62,7 +63,7 @@ pub fn run(ssh: &Ssh, profile: &Profile) -> Result<String> {
     verdict(
         problems,
         format!(
-            "-cpu {OLD_CPU}: exit 3, failed, NRestarts 0 after {settle} s; journal: {}",
+            "-cpu {OLD_CPU}: exit 3, failed, no restart in {settle} s; journal: {}",
             message.unwrap_or_default().trim()
         ),
     )
