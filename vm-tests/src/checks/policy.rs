@@ -86,8 +86,9 @@ pub fn run(ssh: &Ssh, profile: &Profile) -> Result<String> {
             profile.server.oom_score_adjust.to_string(),
         ),
     ] {
-        if unit.get(key) != Some(&want.as_str()) {
-            problems.push(format!("llm-server {key}={:?}, want {want}", unit.get(key)));
+        let have = unit.get(key).copied().unwrap_or("(not shown)");
+        if have != want {
+            problems.push(format!("llm-server {key}={have}, want {want}"));
         }
     }
 
