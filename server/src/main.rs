@@ -1,15 +1,12 @@
 //! `llm-server`: run, tokenize, inspect and serve GGUF models.
 
 mod cli;
+mod cpu_guard;
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    // Before anything else: everything below may use AVX2/FMA/F16C/BMI2.
-    if let Err(msg) = llm_server::cpu::check() {
-        eprintln!("llm-server: {msg}");
-        return ExitCode::from(3);
-    }
+    // The CPU was checked before `main` (cpu_guard.rs): from here on AVX2/FMA/F16C/BMI2 are safe.
     limit_malloc_arenas();
     cli::main()
 }
