@@ -64,7 +64,7 @@ pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
 
 /// Dots each of the consecutive weight rows in `rows` (type `w`, `n` values each) with one
 /// activation row, writing `out[i]` for row i. The hot loop of every matmul: lengths are
-/// checked once and the kernel is chosen once, not per row.
+/// checked once per call, not per row.
 pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
     let row_bytes = w
         .row_bytes(n)
@@ -77,44 +77,9 @@ pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32])
         );
     };
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    {
-        use blocks::blocks as b;
-        macro_rules! each_row {
-            ($kernel:expr) => {
-                for (row, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
-                    *o = $kernel(row);
-                }
-            };
-        }
-        match w {
-            GgmlType::F32 => each_row!(|r| avx2::f32_f32(r, act)),
-            GgmlType::F16 => each_row!(|r| avx2::f16_f16(r, act)),
-            GgmlType::BF16 => each_row!(|r| avx2::bf16_bf16(r, act)),
-            GgmlType::Q8_0 => each_row!(|r| avx2::q8_0_q8_0(b(r), b(act))),
-            GgmlType::Q4_0 => each_row!(|r| avx2::q4_0_q8_0(b(r), b(act))),
-            GgmlType::Q5_0 => each_row!(|r| avx2::q5_0_q8_0(b(r), b(act))),
-            GgmlType::IQ4_NL => each_row!(|r| avx2::iq4_nl_q8_0(b(r), b(act))),
-            GgmlType::Q4_K => each_row!(|r| avx2::q4_k_q8_k(b(r), b(act))),
-            GgmlType::Q5_K => each_row!(|r| avx2::q5_k_q8_k(b(r), b(act))),
-            GgmlType::Q6_K => each_row!(|r| avx2::q6_k_q8_k(b(r), b(act))),
-            GgmlType::IQ4_XS => each_row!(|r| avx2::iq4_xs_q8_k(b(r), b(act))),
-            GgmlType::Q8_K => each_row!(|r| reference::vec_dot(w, r, act)),
-        }
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    )))]
+    // `simd_vec_dot` is inlined, so its type match is resolved outside this loop.
     for (row, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
-        *o = reference::vec_dot(w, row, act);
+        *o = simd_vec_dot(w, row, act);
     }
 }
 
