@@ -1,0 +1,35 @@
+//! Teacher-forced logits for a token sequence, one JSON array per position:
+//! `dump_logits MODEL ID,ID,...`. `bench/parity.py` runs it beside llama.cpp to find the first
+//! position and the layer of arithmetic where the two engines part.
+
+use std::io::Write;
+
+use llm_server::model::{LoadOptions, Model};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(path), Some(ids)) = (args.get(1), args.get(2)) else {
+        eprintln!("usage: dump_logits MODEL ID,ID,...");
+        std::process::exit(2);
+    };
+    let ids: Vec<u32> = ids
+        .split(',')
+        .map(|s| s.trim().parse().expect("token ids are integers"))
+        .collect();
+    let model = Model::load(
+        path.as_ref(),
+        &LoadOptions {
+            threads: 1,
+            mlock: false,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut session = model.new_session(ids.len());
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    session
+        .eval_all(&model, &ids, &mut |_, logits| {
+            let line = serde_json::to_string(logits).expect("f32s serialise");
+            writeln!(out, "{line}").expect("stdout");
+        })
+        .unwrap_or_else(|e| panic!("eval: {e}"));
+}
