@@ -25,7 +25,8 @@ enum Cmd {
     Image(image::Image),
     /// Complete a prompt with the default model (fetched if needed) through `llm-server run`.
     Run(run::Run),
-    /// Run every check CI runs: tests (release, on the default model), clippy, rustfmt.
+    /// Run every check CI runs: tests (release, on the default model), clippy, rustfmt, then the
+    /// image rebuilt and booted by the VM test suite (`--no-vm` skips that last part).
     Test(test::Test),
     /// Upload the image to Oracle Cloud and import it as a custom image for the E2.1.Micro.
     OciUpload(oci_upload::OciUpload),

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: everything CI checks, in the order that fails fastest on a fresh machine:
 //! the default model, the Python packages the tests call, the workspace's tests (release: the
-//! golden and load tests run the real model), clippy, rustfmt.
+//! golden and load tests run the real model), clippy, rustfmt, and last (it takes longest) the
+//! appliance image rebuilt from the current sources and booted by the VM test suite.
 
 use anyhow::{Context, Result};
 use xshell::{cmd, Shell};
@@ -12,7 +13,12 @@ use crate::model;
 const PYTHON_PACKAGES: [&str; 3] = ["gguf", "numpy", "openai"];
 
 #[derive(clap::Args)]
-pub struct Test {}
+pub struct Test {
+    /// Skip building the image and the VM test suite (about 15 minutes under TCG): the quick
+    /// loop while working on the server. CI never skips it.
+    #[arg(long)]
+    no_vm: bool,
+}
 
 impl Test {
     pub fn run(self, sh: &Shell) -> Result<()> {
@@ -37,6 +43,17 @@ impl Test {
         cmd!(sh, "cargo fmt --all --check")
             .run()
             .context("some files are not formatted; run `cargo fmt --all`")?;
+
+        if self.no_vm {
+            step("all checks passed except the VM suite (--no-vm)");
+            return Ok(());
+        }
+        step("the appliance image and the VM test suite");
+        // This same binary's `vm-test`: no second cargo build of xtask.
+        let xtask = std::env::current_exe().context("find the xtask binary")?;
+        cmd!(sh, "{xtask} vm-test --rebuild --keep-going")
+            .run()
+            .context("the VM test suite failed")?;
 
         step("all checks passed");
         Ok(())

@@ -1,5 +1,5 @@
 //! `cargo xtask vm-test`: boot the appliance image in QEMU and run the VM test suite
-//! (`vm-tests/`) against it, building the image first when there is none.
+//! (`vm-tests/`) against it, building the image first when there is none (or on `--rebuild`).
 
 use std::path::PathBuf;
 
@@ -19,7 +19,10 @@ pub struct VmTest {
     /// Run the remaining checks after a failure instead of stopping at the first.
     #[arg(long)]
     keep_going: bool,
-    /// Who builds the image when it is missing (see `cargo xtask image --builder`).
+    /// Build the image even when one exists, so the suite tests the current sources.
+    #[arg(long, conflicts_with = "image")]
+    rebuild: bool,
+    /// Who builds the image when it is built (see `cargo xtask image --builder`).
     #[arg(long, value_enum, default_value_t = crate::image::Builder::Auto)]
     builder: crate::image::Builder,
 }
@@ -41,8 +44,13 @@ impl VmTest {
                 let image = sh
                     .current_dir()
                     .join(format!("target/appliance/{}.qcow2", profile.machine.name));
-                if !image.is_file() {
-                    eprintln!("==> {} is missing: building it", image.display());
+                if self.rebuild || !image.is_file() {
+                    let why = if self.rebuild {
+                        "--rebuild"
+                    } else {
+                        "it is missing"
+                    };
+                    eprintln!("==> building {} ({why})", image.display());
                     // This same binary's `image` task, so no second cargo build is involved.
                     let xtask = std::env::current_exe().context("find the xtask binary")?;
                     let builder = self.builder.as_arg();
