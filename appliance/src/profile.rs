@@ -36,6 +36,8 @@ pub struct Machine {
     pub name: String,
     pub hostname: String,
     pub ram_mib: u64,
+    /// MemAvailable promised with the model loaded and idle.
+    pub headroom_mib: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -414,6 +416,17 @@ impl Profile {
                  server's protected {} MiB (server.memory.min_mib) as available; raise it (and \
                  mem_term_percent) to at least {}",
                 e.mem_kill_percent, self.server.memory.min_mib, floor_percent
+            ));
+        }
+        // An idle box below earlyoom's term line would have earlyoom killing at rest.
+        let term_line_mib = u64::from(e.mem_term_percent) * ram / 100;
+        let headroom = self.machine.headroom_mib;
+        if headroom <= term_line_mib || headroom >= ram {
+            p.push(format!(
+                "machine.headroom_mib = {headroom} must lie between earlyoom's term line \
+                 ({term_line_mib} MiB: earlyoom.mem_term_percent = {} of machine.ram_mib) and \
+                 machine.ram_mib = {ram}: an idle box must not be where earlyoom starts killing",
+                e.mem_term_percent
             ));
         }
         for (key, names) in [("avoid", &e.avoid), ("prefer", &e.prefer)] {

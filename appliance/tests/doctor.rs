@@ -31,7 +31,7 @@ impl FakeBox {
         // 1 GB guest: MemTotal a little under 1 GiB, so zram is capped at 384 MiB.
         fake.write(
             "proc/meminfo",
-            "MemTotal:        1000000 kB\nMemFree: 1 kB\n",
+            "MemTotal:        1000000 kB\nMemFree: 1 kB\nMemAvailable:     780000 kB\n",
         );
         fake.write(
             "proc/swaps",
@@ -166,6 +166,7 @@ fn a_box_set_up_as_the_profile_says_is_healthy() {
             "sysctl",
             "earlyoom",
             "kernel-oom",
+            "headroom",
             "cpu",
             "server",
             "unit-limits",
@@ -221,6 +222,19 @@ fn a_kernel_oom_kill_fails() {
         "3,9,300,-;Out of memory: Killed process 777 (hog) total-vm:900000kB, anon-rss:800000kB\n",
     );
     assert_eq!(fake.status("kernel-oom"), Status::Fail);
+}
+
+#[test]
+fn less_available_memory_than_the_profile_promises_fails() {
+    let fake = FakeBox::healthy();
+    // 500 MiB, under the shipped profile's 512.
+    fake.write(
+        "proc/meminfo",
+        "MemTotal:        1000000 kB\nMemAvailable:     512000 kB\n",
+    );
+    assert_eq!(fake.status("headroom"), Status::Fail);
+    fake.write("proc/meminfo", "MemTotal:        1000000 kB\n");
+    assert_eq!(fake.status("headroom"), Status::Fail);
 }
 
 #[test]

@@ -53,6 +53,16 @@ fn unknown_keys_are_refused() {
 }
 
 #[test]
+fn headroom_below_earlyooms_term_line_is_refused() {
+    // 42 % of 1024 MiB is 430 MiB: an idle box with 400 MiB available would be killing.
+    let e = error_of(&edited("headroom_mib = 512", "headroom_mib = 400"));
+    assert!(e.contains("machine.headroom_mib = 400"), "{e}");
+    assert!(e.contains("term line (430 MiB"), "{e}");
+    let e = error_of(&edited("headroom_mib = 512", "headroom_mib = 1024"));
+    assert!(e.contains("machine.ram_mib = 1024"), "{e}");
+}
+
+#[test]
 fn bad_cidrs_are_refused() {
     let e = error_of(&edited(
         r#"api_cidrs = ["0.0.0.0/0", "::/0"]"#,

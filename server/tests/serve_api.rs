@@ -553,7 +553,8 @@ fn systemd_notify_ready_watchdog_stopping_and_plain_logs() {
         seen.push(next());
     }
     assert_eq!(s.get("/health").status, 200);
-    // Pings every WATCHDOG_USEC / 2 = 100 ms.
+    // Pings every WATCHDOG_USEC / 2 = 100 ms: three within 2 s (room for a loaded machine; a
+    // server pinging at some other period, such as the unit's 60 s, takes far longer).
     let started = Instant::now();
     let mut pings = 0;
     while pings < 3 {
@@ -562,7 +563,7 @@ fn systemd_notify_ready_watchdog_stopping_and_plain_logs() {
         }
     }
     assert!(
-        started.elapsed() < Duration::from_millis(900),
+        started.elapsed() < Duration::from_secs(2),
         "3 pings took {:?}",
         started.elapsed()
     );

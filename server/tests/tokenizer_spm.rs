@@ -2,8 +2,6 @@
 
 mod tokenizer_common;
 
-use std::time::Instant;
-
 use llm_server::gguf::Gguf;
 use llm_server::tokenizer::{StreamDecoder, Tokenizer};
 use proptest::prelude::*;
@@ -43,16 +41,12 @@ fn gemma3_special_tokens_and_eog() {
 }
 
 #[test]
-fn gemma3_vocab_loads_fast() {
+fn gemma3_vocab_loads() {
+    // How fast it builds is a benchmark's question (`examples/tokenize_bench.rs` prints it), not
+    // a test's: a shared machine makes any time bound flaky.
     let g = Gguf::open(&default_model()).expect("model");
-    let t = Instant::now();
     let tok = Tokenizer::from_metadata(&g.metadata).expect("tokenizer");
-    let elapsed = t.elapsed();
-    eprintln!("gemma3 tokenizer built in {elapsed:?}");
     assert_eq!(tok.n_vocab(), 262_144);
-    // Release builds take a few ms; the bound leaves room for debug builds and a busy machine.
-    let limit = if cfg!(debug_assertions) { 3000 } else { 150 };
-    assert!(elapsed.as_millis() < limit, "took {elapsed:?}");
 }
 
 #[test]

@@ -79,17 +79,50 @@ pub fn zram(profile: &Profile, host: &Host) -> Check {
 
 /// The size zram-generator gives `min(ram * percent / 100, max)`, `ram` being MemTotal in MiB.
 fn expected_zram_bytes(profile: &Profile, host: &Host) -> Option<u64> {
+    let share = meminfo_bytes(host, "MemTotal")? * profile.zram.percent_of_ram / 100;
+    Some(share.min(profile.zram.max_mib * crate::plan::MIB))
+}
+
+/// A `/proc/meminfo` line (`MemTotal:  1000000 kB`) in bytes.
+fn meminfo_bytes(host: &Host, key: &str) -> Option<u64> {
     let meminfo = host.read("/proc/meminfo").ok()?;
-    let total_kib: u64 = meminfo
+    let kib: u64 = meminfo
         .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?
         .trim()
         .strip_suffix("kB")?
         .trim()
         .parse()
         .ok()?;
-    let share = total_kib * 1024 * profile.zram.percent_of_ram / 100;
-    Some(share.min(profile.zram.max_mib * crate::plan::MIB))
+    Some(kib * 1024)
+}
+
+/// MemAvailable is at least the profile's promised headroom (`machine.headroom_mib`).
+pub fn headroom(profile: &Profile, host: &Host) -> Check {
+    const NAME: &str = "headroom";
+    let promised = profile.machine.headroom_mib;
+    let Some(available) = meminfo_bytes(host, "MemAvailable") else {
+        return Check::fail(
+            NAME,
+            "cannot read MemAvailable from /proc/meminfo",
+            "run on Linux 3.14 or later with /proc mounted",
+        );
+    };
+    let detail = format!(
+        "MemAvailable {} MiB, the profile promises {promised} MiB",
+        mib(available)
+    );
+    if mib(available) >= promised {
+        Check::ok(NAME, detail)
+    } else {
+        Check::fail(
+            NAME,
+            detail,
+            "something besides the model holds the memory: find it with \
+             `ps -eo rss,comm --sort=-rss | head` (or the server's KV cache is filling under \
+             requests: run the doctor again when the box is idle)",
+        )
+    }
 }
 
 /// Every sysctl of the profile has its value in /proc/sys.

@@ -183,6 +183,7 @@ pub fn examine(profile: &Profile, host: &Host) -> Report {
         memory::sysctls(profile, host),
         memory::earlyoom(profile, host),
         memory::kernel_oom_kills(host),
+        memory::headroom(profile, host),
         cpu_flags(host),
     ];
     checks.extend(server::checks(profile, host));

@@ -1,6 +1,5 @@
-//! Headroom once the model is loaded: the profile's earlyoom thresholds say where memory counts
-//! as short on this box (`mem_term_percent` of MemTotal); an idle appliance with its model
-//! loaded must sit above that line, or the policy would start killing at rest.
+//! Headroom once the model is loaded: MemAvailable on the idle box is at least what the profile
+//! promises (`machine.headroom_mib`, which loading the profile keeps above earlyoom's term line).
 
 use anyhow::Result;
 use appliance::plan::MIB;
@@ -22,15 +21,14 @@ pub fn run(ssh: &Ssh, profile: &Profile) -> Result<String> {
         .trim()
         .parse::<u64>()
         .unwrap_or(0);
-    let promised = total * u64::from(profile.earlyoom.mem_term_percent) / 100;
+    let promised = profile.machine.headroom_mib * MIB;
     let detail = format!(
         "MemAvailable {} MiB of {} MiB with the model loaded (server cgroup {} MiB); the \
-         profile's line is {} MiB ({}% of MemTotal)",
+         profile promises {} MiB (machine.headroom_mib)",
         available / MIB,
         total / MIB,
         server / MIB,
         promised / MIB,
-        profile.earlyoom.mem_term_percent
     );
     let mut problems = Vec::new();
     if available < promised {
