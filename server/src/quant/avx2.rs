@@ -250,17 +250,71 @@ unsafe fn k4_scaled_sum(
     sumi
 }
 
-/// Shared Q4_K/Q5_K driver: per super-block, the scale part is `d·d_a·sumi` (one FMA) and the min
-/// part `-dmin·d_a·Σ min_s·(bsum_2s + bsum_2s+1)` goes to a separate 4-lane accumulator.
+/// How a Q4_K/Q5_K super-block's min term, `-dmin·d_a·Σ min_s·(bsum_2s + bsum_2s+1)`, is summed.
+/// ggml's AVX2 kernels differ here, and the last bit of the result depends on it.
+trait MinTerm {
+    unsafe fn zero() -> Self;
+    /// Adds one super-block's term: `neg_dmin` = -dmin·d_a, `mins` = the four i32 lanes of
+    /// `min_s·(bsum_2s + bsum_2s+1)` summed pairwise.
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i);
+    unsafe fn total(&self) -> f32;
+}
+
+/// Q4_K: one FMA per super-block into four float lanes, summed at the end.
+struct LaneMins(__m128);
+
+impl MinTerm for LaneMins {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        LaneMins(_mm_setzero_ps())
+    }
+
+    #[inline(always)]
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i) {
+        self.0 = _mm_fmadd_ps(_mm_set1_ps(neg_dmin), _mm_cvtepi32_ps(mins), self.0);
+    }
+
+    #[inline(always)]
+    unsafe fn total(&self) -> f32 {
+        let m = _mm_add_ps(self.0, _mm_movehl_ps(self.0, self.0));
+        _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+    }
+}
+
+/// Q5_K: the lanes are summed in integers first, then one scalar FMA per super-block (what
+/// `summs += dmin * hsum` compiles to in ggml's x86-64-v3 build).
+struct ScalarMins(f32);
+
+impl MinTerm for ScalarMins {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        ScalarMins(0.0)
+    }
+
+    #[inline(always)]
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i) {
+        let pairs = _mm_add_epi32(mins, _mm_unpackhi_epi64(mins, mins));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(pairs, _mm_shuffle_epi32(pairs, 1)));
+        self.0 = neg_dmin.mul_add(sum as f32, self.0);
+    }
+
+    #[inline(always)]
+    unsafe fn total(&self) -> f32 {
+        self.0
+    }
+}
+
+/// Shared Q4_K/Q5_K driver: per super-block, the scale part is `d·d_a·sumi` (one FMA into eight
+/// lanes) and the min part goes to `M`; the result is `hsum(scale lanes) + min total`.
 #[inline(always)]
-unsafe fn dot_k4<B: Block>(
+unsafe fn dot_k4<B: Block, M: MinTerm>(
     w: &[B],
     a: &[BlockQ8K],
     fields: impl Fn(&B) -> ([u8; 2], [u8; 2], &[u8; 12]),
     chunk: impl Fn(&B, usize) -> (__m256i, __m256i),
 ) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
+    let mut min_term = M::zero();
     for (b, y) in w.iter().zip(a) {
         let (d, dmin, packed) = fields(b);
         let sm = scales_mins_k4(packed);
@@ -272,22 +326,20 @@ unsafe fn dot_k4<B: Block>(
             _mm256_extracti128_si256(bsums, 1),
         );
         let mins = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), bsums32);
-        let dmin = _mm_set1_ps(-y.d() * f16_to_f32(dmin));
-        acc_m = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m);
+        min_term.add(-y.d() * f16_to_f32(dmin), mins);
 
         let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
         let sumi = k4_scaled_sum(scales, y, |c| chunk(b, c));
         let d = _mm256_set1_ps(y.d() * f16_to_f32(d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    hsum(acc) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+    hsum(acc) + min_term.total()
 }
 
 pub fn q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     // SAFETY: as in `q8_0_q8_0`; chunk c reads qs[32c..32c+32] of a 128-byte array (c < 4).
     unsafe {
-        dot_k4(
+        dot_k4::<_, LaneMins>(
             w,
             a,
             |b| (b.d, b.dmin, &b.scales),
@@ -306,7 +358,7 @@ pub fn q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
 pub fn q5_k_q8_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
     // SAFETY: as in `q4_k_q8_k`; qh is 32 bytes.
     unsafe {
-        dot_k4(
+        dot_k4::<_, ScalarMins>(
             w,
             a,
             |b| (b.d, b.dmin, &b.scales),
