@@ -9,6 +9,13 @@ use super::config::Config;
 /// Tokens evaluated together in one pass over the weights during prompt processing.
 pub const UBATCH: usize = 32;
 
+/// Tokens llama.cpp evaluates as one batch (its n_batch and n_ubatch, 512 by default): how many
+/// activation rows its matmuls see, which decides their float order ([`MatmulPath::for_rows`]).
+/// A multiple of [`UBATCH`], so micro-batches never straddle two of them.
+///
+/// [`MatmulPath::for_rows`]: crate::quant::MatmulPath::for_rows
+pub const LLAMA_BATCH: usize = 512;
+
 pub struct LayerKv {
     pub k: Vec<f16>,
     pub v: Vec<f16>,

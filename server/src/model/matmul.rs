@@ -2,7 +2,7 @@
 //! then output rows are spread over the pool; each weight row is read once per batch.
 
 use super::weights::Mat;
-use crate::quant::{dot_rows, dot_rows_x4, quantize_row, vec_dot_type, GgmlType};
+use crate::quant::{dot_rows, dot_rows_x4, quantize_row, vec_dot_type, GgmlType, MatmulPath};
 use crate::threads::Pool;
 
 /// Activation formats, each with its own buffer so one input can feed weights of several types.
@@ -92,8 +92,17 @@ impl SharedOut {
     }
 }
 
-/// `out[t * w.rows + r] = dot(w.row(r), act_t)` for the n activation rows in `acts`.
-pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mut [f32]) {
+/// `out[t * w.rows + r] = dot(w.row(r), act_t)` for the n activation rows in `acts`, summed in
+/// the float order of llama.cpp's `path`.
+pub fn matmul(
+    pool: &Pool,
+    file: &[u8],
+    w: &Mat,
+    acts: &[u8],
+    n: usize,
+    out: &mut [f32],
+    path: MatmulPath,
+) {
     assert!(
         out.len() >= n * w.rows,
         "output buffer too small for {}",
@@ -126,11 +135,12 @@ pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mu
                 weights,
                 [act(t), act(t + 1), act(t + 2), act(t + 3)],
                 outs,
+                path,
             );
             t += 4;
         }
         for t in t..n {
-            dot_rows(w.ty, w.cols, weights, act(t), out_of(t));
+            dot_rows(w.ty, w.cols, weights, act(t), out_of(t), path);
         }
     });
 }

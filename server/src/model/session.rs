@@ -5,12 +5,12 @@ use half::f16;
 
 use super::config::Config;
 use super::config::RopeStyle;
-use super::kv_cache::{KvCache, UBATCH};
+use super::kv_cache::{KvCache, LLAMA_BATCH, UBATCH};
 use super::matmul::{matmul, Acts};
 use super::ops;
 use super::weights::Weights;
 use super::{Model, ModelError};
-use crate::quant::dequantize_row;
+use crate::quant::{dequantize_row, MatmulPath};
 
 /// Per-token working memory for one micro-batch of up to [`UBATCH`] tokens.
 struct Scratch {
@@ -191,15 +191,15 @@ impl Session {
         let mut done = 0;
         for batch in tokens.chunks(UBATCH) {
             let last_batch = done + batch.len() == tokens.len();
-            self.ubatch(m, batch);
+            self.ubatch(m, batch, llama_paths(tokens.len(), done, each.is_some()));
             match each.as_mut() {
                 Some(f) => {
                     for t in 0..batch.len() {
-                        self.logits(m, t);
+                        self.logits(m, t, llama_paths(tokens.len(), done, true).outputs);
                         f(done + t, &self.s.logits);
                     }
                 }
-                None if last_batch => self.logits(m, batch.len() - 1),
+                None if last_batch => self.logits(m, batch.len() - 1, MatmulPath::VecDot),
                 None => {}
             }
             done += batch.len();
@@ -208,7 +208,7 @@ impl Session {
     }
 
     /// Runs the layers over one micro-batch, leaving the final hidden states in `s.x`.
-    fn ubatch(&mut self, m: &Model, tokens: &[u32]) {
+    fn ubatch(&mut self, m: &Model, tokens: &[u32], paths: LlamaPaths) {
         let c = &m.config;
         let w = &m.weights;
         let file = m.gguf.bytes();
@@ -263,7 +263,7 @@ impl Session {
                 (&l.wv, &mut s.v, &l.bv),
             ] {
                 let a = s.acts.get(mat.ty, &s.xn, n, d);
-                matmul(pool, file, mat, a, n, out);
+                matmul(pool, file, mat, a, n, out, paths.layers);
                 if let Some(b) = bias {
                     for row in out[..n * mat.rows].chunks_exact_mut(mat.rows) {
                         row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
@@ -318,7 +318,7 @@ impl Session {
 
             s.acts.invalidate();
             let a = s.acts.get(l.wo.ty, &s.attn, n, qd);
-            matmul(pool, file, &l.wo, a, n, &mut s.o);
+            matmul(pool, file, &l.wo, a, n, &mut s.o, paths.layers);
             for t in 0..n {
                 let o = &mut s.o[t * d..(t + 1) * d];
                 if let Some(pn) = &l.post_attn_norm {
@@ -330,7 +330,12 @@ impl Session {
                     .for_each(|(x, o)| *x += o);
             }
 
-            // Feed-forward block.
+            // Feed-forward block. llama.cpp runs the last layer's on the output rows only.
+            let ffn_path = if il + 1 == w.layers.len() {
+                paths.outputs
+            } else {
+                paths.layers
+            };
             for t in 0..n {
                 ops::rms_norm(
                     &s.x[t * d..(t + 1) * d],
@@ -341,9 +346,9 @@ impl Session {
             }
             s.acts.invalidate();
             let a = s.acts.get(l.w_gate.ty, &s.xn, n, d);
-            matmul(pool, file, &l.w_gate, a, n, &mut s.gate);
+            matmul(pool, file, &l.w_gate, a, n, &mut s.gate, ffn_path);
             let a = s.acts.get(l.w_up.ty, &s.xn, n, d);
-            matmul(pool, file, &l.w_up, a, n, &mut s.up);
+            matmul(pool, file, &l.w_up, a, n, &mut s.up, ffn_path);
             let ff = c.n_ff;
             let (gate, up) = (&mut s.gate[..n * ff], &s.up[..n * ff]);
             match c.activation {
@@ -352,7 +357,7 @@ impl Session {
             }
             s.acts.invalidate();
             let a = s.acts.get(l.w_down.ty, &s.gate, n, ff);
-            matmul(pool, file, &l.w_down, a, n, &mut s.o);
+            matmul(pool, file, &l.w_down, a, n, &mut s.o, ffn_path);
             for t in 0..n {
                 let o = &mut s.o[t * d..(t + 1) * d];
                 if let Some(pn) = &l.post_ffn_norm {
@@ -368,7 +373,7 @@ impl Session {
     }
 
     /// Logits of token `t` of the last micro-batch into `s.logits`.
-    fn logits(&mut self, m: &Model, t: usize) {
+    fn logits(&mut self, m: &Model, t: usize, path: MatmulPath) {
         let c = &m.config;
         let d = c.n_embd;
         let s = &mut self.s;
@@ -381,7 +386,28 @@ impl Session {
         s.acts.invalidate();
         let out = &m.weights.output;
         let a = s.acts.get(out.ty, &s.xn[..d], 1, d);
-        matmul(&m.pool, m.gguf.bytes(), out, a, 1, &mut s.logits);
+        matmul(&m.pool, m.gguf.bytes(), out, a, 1, &mut s.logits, path);
+    }
+}
+
+/// The matmul paths llama.cpp takes for the llama.cpp batch holding token `done` of an n-token
+/// evaluation.
+#[derive(Clone, Copy)]
+struct LlamaPaths {
+    /// Every layer's matmuls but the last layer's feed-forward: one row per token of the batch.
+    layers: MatmulPath,
+    /// The last layer's feed-forward and the output matrix, which llama.cpp runs on the rows
+    /// whose logits are wanted only: all of them when every position's logits are, else the
+    /// last one.
+    outputs: MatmulPath,
+}
+
+fn llama_paths(n: usize, done: usize, all_logits: bool) -> LlamaPaths {
+    let start = done / LLAMA_BATCH * LLAMA_BATCH;
+    let rows = (n - start).min(LLAMA_BATCH);
+    LlamaPaths {
+        layers: MatmulPath::for_rows(rows),
+        outputs: MatmulPath::for_rows(if all_logits { rows } else { 1 }),
     }
 }
 

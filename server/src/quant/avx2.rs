@@ -12,6 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::blocks::*;
+use super::MatmulPath;
 
 /// Horizontal sum of eight f32 lanes.
 #[inline(always)]
@@ -19,6 +20,21 @@ unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Sum of eight i32 lanes (exact: integer order does not matter).
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+}
+
+/// Sum of four i32 lanes.
+#[inline(always)]
+unsafe fn hsum_i32x4(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
 }
 
 #[inline(always)]
@@ -250,44 +266,166 @@ unsafe fn k4_scaled_sum(
     sumi
 }
 
-/// Shared Q4_K/Q5_K driver: per super-block, the scale part is `d·d_a·sumi` (one FMA) and the min
-/// part `-dmin·d_a·Σ min_s·(bsum_2s + bsum_2s+1)` goes to a separate 4-lane accumulator.
+/// How a Q4_K/Q5_K super-block's min term, `-dmin·d_a·Σ min_s·(bsum_2s + bsum_2s+1)`, is summed.
+/// ggml's AVX2 kernels differ here, and the last bit of the result depends on it.
+trait MinTerm {
+    unsafe fn zero() -> Self;
+    /// Adds one super-block's term: `neg_dmin` = -dmin·d_a, `mins` = the four i32 lanes of
+    /// `min_s·(bsum_2s + bsum_2s+1)` summed pairwise.
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i);
+    unsafe fn total(&self) -> f32;
+}
+
+/// Q4_K: one FMA per super-block into four float lanes, summed at the end.
+struct LaneMins(__m128);
+
+impl MinTerm for LaneMins {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        LaneMins(_mm_setzero_ps())
+    }
+
+    #[inline(always)]
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i) {
+        self.0 = _mm_fmadd_ps(_mm_set1_ps(neg_dmin), _mm_cvtepi32_ps(mins), self.0);
+    }
+
+    #[inline(always)]
+    unsafe fn total(&self) -> f32 {
+        let m = _mm_add_ps(self.0, _mm_movehl_ps(self.0, self.0));
+        _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+    }
+}
+
+/// Q5_K: the lanes are summed in integers first, then one scalar FMA per super-block (what
+/// `summs += dmin * hsum` compiles to in ggml's x86-64-v3 build).
+struct ScalarMins(f32);
+
+impl MinTerm for ScalarMins {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        ScalarMins(0.0)
+    }
+
+    #[inline(always)]
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i) {
+        self.0 = neg_dmin.mul_add(hsum_i32x4(mins) as f32, self.0);
+    }
+
+    #[inline(always)]
+    unsafe fn total(&self) -> f32 {
+        self.0
+    }
+}
+
+/// A Q4_K/Q5_K super-block's integer parts: `Σ_s scale_s·(q·a)_s` in ggml's eight vec_dot lanes
+/// and `min_s·(bsum_2s + bsum_2s+1)` summed pairwise into four lanes.
 #[inline(always)]
-unsafe fn dot_k4<B: Block>(
+unsafe fn k4_parts(
+    packed: &[u8; 12],
+    y: &BlockQ8K,
+    chunk: impl Fn(usize) -> (__m256i, __m256i),
+) -> (__m256i, __m128i) {
+    let sm = scales_mins_k4(packed);
+    // Lanes 0..8: scales, 8..16: mins, as i16.
+    let scales_mins = _mm256_cvtepu8_epi16(load128(sm.as_ptr()));
+    let bsums = load256(y.bsums.as_ptr());
+    let bsums32 = _mm_hadd_epi16(
+        _mm256_castsi256_si128(bsums),
+        _mm256_extracti128_si256(bsums, 1),
+    );
+    let mins = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), bsums32);
+    let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+    (k4_scaled_sum(scales, y, chunk), mins)
+}
+
+/// Q4_K/Q5_K in ggml's vec_dot order: per super-block, the scale part is `d·d_a·sumi` (one FMA
+/// into eight lanes) and the min part goes to `M`; the result is `hsum(scale lanes) + min total`.
+#[inline(always)]
+unsafe fn dot_k4<B: Block, M: MinTerm>(
     w: &[B],
     a: &[BlockQ8K],
     fields: impl Fn(&B) -> ([u8; 2], [u8; 2], &[u8; 12]),
     chunk: impl Fn(&B, usize) -> (__m256i, __m256i),
 ) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
+    let mut min_term = M::zero();
     for (b, y) in w.iter().zip(a) {
         let (d, dmin, packed) = fields(b);
-        let sm = scales_mins_k4(packed);
-        // Lanes 0..8: scales, 8..16: mins, as i16.
-        let scales_mins = _mm256_cvtepu8_epi16(load128(sm.as_ptr()));
-        let bsums = load256(y.bsums.as_ptr());
-        let bsums32 = _mm_hadd_epi16(
-            _mm256_castsi256_si128(bsums),
-            _mm256_extracti128_si256(bsums, 1),
-        );
-        let mins = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), bsums32);
-        let dmin = _mm_set1_ps(-y.d() * f16_to_f32(dmin));
-        acc_m = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_m);
-
-        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
-        let sumi = k4_scaled_sum(scales, y, |c| chunk(b, c));
+        let (sumi, mins) = k4_parts(packed, y, |c| chunk(b, c));
+        min_term.add(-y.d() * f16_to_f32(dmin), mins);
         let d = _mm256_set1_ps(y.d() * f16_to_f32(d));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    let m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    hsum(acc) + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+    hsum(acc) + min_term.total()
+}
+
+/// Q4_K/Q5_K in ggml's tiled order (see [`dot_tiled`]): the super-block's value before the
+/// activation scale is `d·sumi - dmin·summ`, the subtraction fused.
+#[inline(always)]
+unsafe fn dot_k4_tiled<B: Block>(
+    w: &[B],
+    a: &[BlockQ8K],
+    fields: impl Fn(&B) -> ([u8; 2], [u8; 2], &[u8; 12]),
+    chunk: impl Fn(&B, usize) -> (__m256i, __m256i),
+) -> f32 {
+    dot_tiled(w, a, |b, y| {
+        let (d, dmin, packed) = fields(b);
+        let (sumi, mins) = k4_parts(packed, y, |c| chunk(b, c));
+        let scaled = f16_to_f32(d) * hsum_i32(sumi) as f32;
+        (-f16_to_f32(dmin)).mul_add(hsum_i32x4(mins) as f32, scaled)
+    })
+}
+
+/// The float order of ggml's tiled K-quant matmul (ggml-cpu/tiled, which llama.cpp uses instead
+/// of vec_dot when a matmul has at least 8 activation rows): each super-block's integer total is
+/// converted once and scaled by the weight's d (`block`), then one scalar FMA by the
+/// activation's d adds it to the output, super-block after super-block.
+#[inline(always)]
+unsafe fn dot_tiled<B>(w: &[B], a: &[BlockQ8K], block: impl Fn(&B, &BlockQ8K) -> f32) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, y) in w.iter().zip(a) {
+        acc = block(b, y).mul_add(y.d(), acc);
+    }
+    acc
+}
+
+/// Mins-free K-quants (Q6_K, IQ4_XS) in ggml's vec_dot order: one FMA of the super-block's eight
+/// integer lanes by `d_w·d_a`, then the horizontal sum.
+#[inline(always)]
+unsafe fn dot_vec_lanes<B>(
+    w: &[B],
+    a: &[BlockQ8K],
+    d: impl Fn(&B) -> [u8; 2],
+    sumi: impl Fn(&B, &BlockQ8K) -> __m256i,
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, y) in w.iter().zip(a) {
+        let d = _mm256_set1_ps(f16_to_f32(d(b)) * y.d());
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi(b, y)), acc);
+    }
+    hsum(acc)
+}
+
+/// Mins-free K-quants in either of llama.cpp's orders.
+#[inline(always)]
+unsafe fn dot_k<B>(
+    w: &[B],
+    a: &[BlockQ8K],
+    path: MatmulPath,
+    d: impl Fn(&B) -> [u8; 2],
+    sumi: impl Fn(&B, &BlockQ8K) -> __m256i,
+) -> f32 {
+    match path {
+        MatmulPath::VecDot => dot_vec_lanes(w, a, d, sumi),
+        MatmulPath::Tiled => dot_tiled(w, a, |b, y| f16_to_f32(d(b)) * hsum_i32(sumi(b, y)) as f32),
+    }
 }
 
 pub fn q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     // SAFETY: as in `q8_0_q8_0`; chunk c reads qs[32c..32c+32] of a 128-byte array (c < 4).
     unsafe {
-        dot_k4(
+        dot_k4::<_, LaneMins>(
             w,
             a,
             |b| (b.d, b.dmin, &b.scales),
@@ -303,29 +441,34 @@ pub fn q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     }
 }
 
-pub fn q5_k_q8_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
-    // SAFETY: as in `q4_k_q8_k`; qh is 32 bytes.
+pub fn q5_k_q8_k(w: &[BlockQ5K], a: &[BlockQ8K], path: MatmulPath) -> f32 {
+    fn fields(b: &BlockQ5K) -> ([u8; 2], [u8; 2], &[u8; 12]) {
+        (b.d, b.dmin, &b.scales)
+    }
+    let chunk = |b: &BlockQ5K, c: usize| {
+        // SAFETY: as in `q4_k_q8_k`; qh is 32 bytes.
+        unsafe {
+            let q = load256(b.qs.as_ptr().add(32 * c));
+            let qh = load256(b.qh.as_ptr());
+            let m4 = _mm256_set1_epi8(0x0F);
+            let bit = _mm256_set1_epi8(1);
+            // Bit 2c of qh[l] is value l's fifth bit, bit 2c+1 value 32+l's. Shifting 16-bit
+            // lanes by < 8 keeps each byte's own bit 0 after the mask.
+            let shift = _mm_cvtsi32_si128(2 * c as i32);
+            let h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, shift), bit);
+            let shift = _mm_cvtsi32_si128(2 * c as i32 + 1);
+            let h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, shift), bit);
+            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h_lo, 4));
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            (lo, _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4)))
+        }
+    };
+    // SAFETY: as in `q8_0_q8_0`.
     unsafe {
-        dot_k4(
-            w,
-            a,
-            |b| (b.d, b.dmin, &b.scales),
-            |b, c| {
-                let q = load256(b.qs.as_ptr().add(32 * c));
-                let qh = load256(b.qh.as_ptr());
-                let m4 = _mm256_set1_epi8(0x0F);
-                let bit = _mm256_set1_epi8(1);
-                // Bit 2c of qh[l] is value l's fifth bit, bit 2c+1 value 32+l's. Shifting 16-bit
-                // lanes by < 8 keeps each byte's own bit 0 after the mask.
-                let shift = _mm_cvtsi32_si128(2 * c as i32);
-                let h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, shift), bit);
-                let shift = _mm_cvtsi32_si128(2 * c as i32 + 1);
-                let h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, shift), bit);
-                let lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h_lo, 4));
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                (lo, _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4)))
-            },
-        )
+        match path {
+            MatmulPath::VecDot => dot_k4::<_, ScalarMins>(w, a, fields, chunk),
+            MatmulPath::Tiled => dot_k4_tiled(w, a, fields, chunk),
+        }
     }
 }
 
@@ -336,67 +479,63 @@ unsafe fn q6_scale_pair_mask(g: usize) -> __m128i {
     _mm_set_epi64x(byte(2 * g + 1), byte(2 * g))
 }
 
-pub fn q6_k_q8_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-    // SAFETY: as in `q8_0_q8_0`; half h reads ql[64h..64h+64] and qh[32h..32h+32].
-    unsafe {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m2 = _mm256_set1_epi8(3);
-        let mut acc = _mm256_setzero_ps();
-        for (b, y) in w.iter().zip(a) {
-            let scales = load128(b.scales.as_ptr().cast());
-            // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
-            let offset = _mm256_madd_epi16(load256(y.bsums.as_ptr()), _mm256_cvtepi8_epi16(scales));
-            let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
-            for half in 0..2 {
-                let ql0 = load256(b.ql.as_ptr().add(64 * half));
-                let ql1 = load256(b.ql.as_ptr().add(64 * half + 32));
-                let qh = load256(b.qh.as_ptr().add(32 * half));
-                let high = |shift: i32| {
-                    let s = _mm_cvtsi32_si128(shift);
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s), m2), 4)
-                };
-                let quants = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
-                ];
-                for (g, q) in quants.into_iter().enumerate() {
-                    let group = 4 * half + g;
-                    let act = load256(y.qs.as_ptr().add(32 * group).cast());
-                    let sc =
-                        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, q6_scale_pair_mask(group)));
-                    let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act));
-                    sumi = _mm256_add_epi32(sumi, p);
-                }
-            }
-            let d = _mm256_set1_ps(f16_to_f32(b.d) * y.d());
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+/// A Q6_K super-block's `Σ_s scale_s·((q-32)·a)_s` in ggml's eight vec_dot lanes.
+#[inline(always)]
+unsafe fn q6_k_sumi(b: &BlockQ6K, y: &BlockQ8K) -> __m256i {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    let scales = load128(b.scales.as_ptr().cast());
+    // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
+    let offset = _mm256_madd_epi16(load256(y.bsums.as_ptr()), _mm256_cvtepi8_epi16(scales));
+    let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
+    for half in 0..2 {
+        let ql0 = load256(b.ql.as_ptr().add(64 * half));
+        let ql1 = load256(b.ql.as_ptr().add(64 * half + 32));
+        let qh = load256(b.qh.as_ptr().add(32 * half));
+        let high = |shift: i32| {
+            let s = _mm_cvtsi32_si128(shift);
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s), m2), 4)
+        };
+        let quants = [
+            _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+            _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+        ];
+        for (g, q) in quants.into_iter().enumerate() {
+            let group = 4 * half + g;
+            let act = load256(y.qs.as_ptr().add(32 * group).cast());
+            let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, q6_scale_pair_mask(group)));
+            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act));
+            sumi = _mm256_add_epi32(sumi, p);
         }
-        hsum(acc)
     }
+    sumi
 }
 
-pub fn iq4_xs_q8_k(w: &[BlockIq4Xs], a: &[BlockQ8K]) -> f32 {
-    // SAFETY: as in `q8_0_q8_0`; sub-block s reads qs[16s..16s+16] (s < 8).
-    unsafe {
-        let grid = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr().cast()));
-        let mut acc = _mm256_setzero_ps();
-        for (b, y) in w.iter().zip(a) {
-            let mut sums = [_mm256_setzero_si256(); 2];
-            for s in 0..8 {
-                let q = _mm256_shuffle_epi8(grid, nibbles_32(b.qs.as_ptr().add(16 * s)));
-                let act = load256(y.qs.as_ptr().add(32 * s).cast());
-                let scale = _mm256_set1_epi16(b.scale(s) as i16);
-                let p = _mm256_madd_epi16(mul_i8_pairs(q, act), scale);
-                sums[s % 2] = _mm256_add_epi32(sums[s % 2], p);
-            }
-            let d = _mm256_set1_ps(f16_to_f32(b.d) * y.d());
-            let sumi = _mm256_add_epi32(sums[0], sums[1]);
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-        }
-        hsum(acc)
+pub fn q6_k_q8_k(w: &[BlockQ6K], a: &[BlockQ8K], path: MatmulPath) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`; half h reads ql[64h..64h+64] and qh[32h..32h+32].
+    unsafe { dot_k(w, a, path, |b| b.d, |b, y| q6_k_sumi(b, y)) }
+}
+
+/// An IQ4_XS super-block's `Σ_s (ls_s-32)·(v·a)_s` in ggml's eight vec_dot lanes (even and odd
+/// sub-blocks in two accumulators, as ggml has them; integer, so only the lanes matter).
+#[inline(always)]
+unsafe fn iq4_xs_sumi(b: &BlockIq4Xs, y: &BlockQ8K) -> __m256i {
+    let grid = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr().cast()));
+    let mut sumi = _mm256_setzero_si256();
+    for s in 0..8 {
+        let q = _mm256_shuffle_epi8(grid, nibbles_32(b.qs.as_ptr().add(16 * s)));
+        let act = load256(y.qs.as_ptr().add(32 * s).cast());
+        let scale = _mm256_set1_epi16(b.scale(s) as i16);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(mul_i8_pairs(q, act), scale));
     }
+    sumi
+}
+
+pub fn iq4_xs_q8_k(w: &[BlockIq4Xs], a: &[BlockQ8K], path: MatmulPath) -> f32 {
+    // SAFETY: as in `q8_0_q8_0`; sub-block s reads qs[16s..16s+16] (s < 8).
+    unsafe { dot_k(w, a, path, |b| b.d, |b, y| iq4_xs_sumi(b, y)) }
 }
 
 /// Float dot product, 32 values per iteration into four accumulators; `load8` converts eight

@@ -20,6 +20,27 @@ mod types;
 
 pub use types::GgmlType;
 
+/// Which of llama.cpp's two CPU matmul paths a product reproduces. For Q5_K, Q6_K and IQ4_XS
+/// weights it takes ggml's tiled kernel (ggml-cpu/tiled) when the matmul has at least 8
+/// activation rows and `vec_dot` otherwise; the two sum super-blocks in different float orders,
+/// so each gives different last bits. Other types have one order and ignore this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulPath {
+    VecDot,
+    Tiled,
+}
+
+impl MatmulPath {
+    /// The path llama.cpp takes for a matmul over `rows` activation rows (`ggml_tiled_min_batch`).
+    pub fn for_rows(rows: usize) -> MatmulPath {
+        if rows >= 8 {
+            MatmulPath::Tiled
+        } else {
+            MatmulPath::VecDot
+        }
+    }
+}
+
 /// The format activations are converted to before they are dotted with weights of type `w`
 /// (ggml's `type_traits_cpu[w].vec_dot_type`).
 pub fn vec_dot_type(w: GgmlType) -> GgmlType {
@@ -52,20 +73,20 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
 }
 
 /// Dot product of one weight row of type `w` (n values) with an activation row already in
-/// `vec_dot_type(w)`. Uses the AVX2 kernel.
+/// `vec_dot_type(w)`, in the float order of llama.cpp's `path`. Uses the AVX2 kernel.
 ///
 /// Panics when either row does not hold exactly `n` values (a caller bug).
 #[inline]
-pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
+pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], path: MatmulPath) -> f32 {
     check_row_len("vec_dot (weights)", w, n, w_row.len());
     check_row_len("vec_dot (activations)", vec_dot_type(w), n, act.len());
-    simd_vec_dot(w, w_row, act)
+    simd_vec_dot(w, w_row, act, path)
 }
 
 /// Dots each of the consecutive weight rows in `rows` (type `w`, `n` values each) with one
-/// activation row, writing `out[i]` for row i. The hot loop of every matmul: lengths are
-/// checked once per call, not per row.
-pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+/// activation row, writing `out[i]` for row i, in the float order of llama.cpp's `path`. The hot
+/// loop of every matmul: lengths are checked once per call, not per row.
+pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32], path: MatmulPath) {
     let row_bytes = w
         .row_bytes(n)
         .filter(|&b| b > 0 && rows.len() == b * out.len());
@@ -79,14 +100,21 @@ pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32])
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
     // `simd_vec_dot` is inlined, so its type match is resolved outside this loop.
     for (row, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
-        *o = simd_vec_dot(w, row, act);
+        *o = simd_vec_dot(w, row, act, path);
     }
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`. Types with a
 /// four-row kernel (Q8_0, Q4_0, Q5_0: the weight unpacking is shared) use it; the rest loop.
 /// Results are bit-identical to four [`dot_rows`] calls.
-pub fn dot_rows_x4(w: GgmlType, n: usize, rows: &[u8], acts: [&[u8]; 4], outs: [&mut [f32]; 4]) {
+pub fn dot_rows_x4(
+    w: GgmlType,
+    n: usize,
+    rows: &[u8],
+    acts: [&[u8]; 4],
+    outs: [&mut [f32]; 4],
+    path: MatmulPath,
+) {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -129,7 +157,7 @@ pub fn dot_rows_x4(w: GgmlType, n: usize, rows: &[u8], acts: [&[u8]; 4], outs: [
         }
     }
     for (a, o) in acts.into_iter().zip(outs) {
-        dot_rows(w, n, rows, a, o);
+        dot_rows(w, n, rows, a, o, path);
     }
 }
 
@@ -154,7 +182,7 @@ fn check_row_len(what: &str, ty: GgmlType, n: usize, bytes: usize) {
 /// The SIMD kernel for `w`, rows already checked. Compiled for x86-64-v3 (the workspace's target);
 /// elsewhere the scalar reference stands in.
 #[inline(always)]
-fn simd_vec_dot(w: GgmlType, w_row: &[u8], act: &[u8]) -> f32 {
+fn simd_vec_dot(w: GgmlType, w_row: &[u8], act: &[u8], path: MatmulPath) -> f32 {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -172,9 +200,9 @@ fn simd_vec_dot(w: GgmlType, w_row: &[u8], act: &[u8]) -> f32 {
             GgmlType::Q5_0 => avx2::q5_0_q8_0(b(w_row), b(act)),
             GgmlType::IQ4_NL => avx2::iq4_nl_q8_0(b(w_row), b(act)),
             GgmlType::Q4_K => avx2::q4_k_q8_k(b(w_row), b(act)),
-            GgmlType::Q5_K => avx2::q5_k_q8_k(b(w_row), b(act)),
-            GgmlType::Q6_K => avx2::q6_k_q8_k(b(w_row), b(act)),
-            GgmlType::IQ4_XS => avx2::iq4_xs_q8_k(b(w_row), b(act)),
+            GgmlType::Q5_K => avx2::q5_k_q8_k(b(w_row), b(act), path),
+            GgmlType::Q6_K => avx2::q6_k_q8_k(b(w_row), b(act), path),
+            GgmlType::IQ4_XS => avx2::iq4_xs_q8_k(b(w_row), b(act), path),
             // Activation-only format: never a weight of a model we load.
             GgmlType::Q8_K => reference::vec_dot(w, w_row, act),
         }
@@ -185,5 +213,8 @@ fn simd_vec_dot(w: GgmlType, w_row: &[u8], act: &[u8]) -> f32 {
         target_feature = "fma",
         target_feature = "f16c"
     )))]
-    reference::vec_dot(w, w_row, act)
+    {
+        let _ = path; // the reference has one order; only the AVX2 kernels reproduce both
+        reference::vec_dot(w, w_row, act)
+    }
 }

@@ -117,13 +117,15 @@ proptest! {
     #[test]
     fn simd_vec_dot_equals_reference(seed in any::<u64>(), blocks in 1usize..=9) {
         for (w, n, w_row, act) in cases(seed, blocks) {
-            let simd = vec_dot(w, n, &w_row, &act);
             let scalar = reference::vec_dot(w, &w_row, &act);
             let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
-            prop_assert!(
-                ((simd - scalar) as f64).abs() <= tol,
-                "{w}, n={n}: simd {simd} vs reference {scalar} (tolerance {tol})"
-            );
+            for path in [MatmulPath::VecDot, MatmulPath::Tiled] {
+                let simd = vec_dot(w, n, &w_row, &act, path);
+                prop_assert!(
+                    ((simd - scalar) as f64).abs() <= tol,
+                    "{w}, n={n}, {path:?}: simd {simd} vs reference {scalar} (tolerance {tol})"
+                );
+            }
         }
     }
 
@@ -150,15 +152,17 @@ proptest! {
             let all_rows = rows.concat();
             let acts: Vec<Vec<u8>> =
                 (0..4).map(|_| quantized(vec_dot_type(w), &random_activations(n, &mut rng))).collect();
-            let mut single = [0f32; 3];
-            dot_rows(w, n, &all_rows, &acts[0], &mut single);
-            let mut outs = [[0f32; 3]; 4];
-            let [o0, o1, o2, o3] = &mut outs;
-            dot_rows_x4(w, n, &all_rows, [&acts[0], &acts[1], &acts[2], &acts[3]], [o0, o1, o2, o3]);
-            for (r, row) in rows.iter().enumerate() {
-                prop_assert_eq!(single[r].to_bits(), vec_dot(w, n, row, &acts[0]).to_bits());
-                for (k, act) in acts.iter().enumerate() {
-                    prop_assert_eq!(outs[k][r].to_bits(), vec_dot(w, n, row, act).to_bits(), "{} row {} act {}", w, r, k);
+            for path in [MatmulPath::VecDot, MatmulPath::Tiled] {
+                let mut single = [0f32; 3];
+                dot_rows(w, n, &all_rows, &acts[0], &mut single, path);
+                let mut outs = [[0f32; 3]; 4];
+                let [o0, o1, o2, o3] = &mut outs;
+                dot_rows_x4(w, n, &all_rows, [&acts[0], &acts[1], &acts[2], &acts[3]], [o0, o1, o2, o3], path);
+                for (r, row) in rows.iter().enumerate() {
+                    prop_assert_eq!(single[r].to_bits(), vec_dot(w, n, row, &acts[0], path).to_bits());
+                    for (k, act) in acts.iter().enumerate() {
+                        prop_assert_eq!(outs[k][r].to_bits(), vec_dot(w, n, row, act, path).to_bits(), "{} row {} act {} {:?}", w, r, k, path);
+                    }
                 }
             }
         }
@@ -170,7 +174,8 @@ proptest! {
         for (w, n, w_row, act) in cases(seed, 2) {
             let mut buf = vec![0u8; shift + w_row.len()];
             buf[shift..].copy_from_slice(&w_row);
-            prop_assert_eq!(vec_dot(w, n, &buf[shift..], &act).to_bits(), vec_dot(w, n, &w_row, &act).to_bits());
+            let path = MatmulPath::VecDot;
+            prop_assert_eq!(vec_dot(w, n, &buf[shift..], &act, path).to_bits(), vec_dot(w, n, &w_row, &act, path).to_bits());
         }
     }
 
@@ -326,5 +331,11 @@ fn bf16_conversion_matches_ggml() {
 #[test]
 #[should_panic(expected = "is not a q8_0 row of 64 values")]
 fn wrong_row_length_names_type_and_count() {
-    vec_dot(GgmlType::Q8_0, 64, &[0u8; 34], &[0u8; 68]);
+    vec_dot(
+        GgmlType::Q8_0,
+        64,
+        &[0u8; 34],
+        &[0u8; 68],
+        MatmulPath::VecDot,
+    );
 }
