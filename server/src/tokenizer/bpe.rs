@@ -2,13 +2,14 @@
 //! map each word's bytes to GPT-2's printable characters, then repeatedly merge the adjacent
 //! pair with the lowest merge rank (`tokenizer.ggml.merges` order; ties to the leftmost).
 
-use std::cmp::Ordering;
+use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 
 use crate::gguf::Metadata;
 
+use super::merge_queue::Candidate;
 use super::pretokenize::{self, PreTokenizer};
 use super::vocab::Vocab;
 use super::TokenizerError;
@@ -136,38 +137,16 @@ struct Symbol {
     id: u32,
 }
 
-struct Bigram {
-    rank: u32,
-    left: i32,
+/// A queued merge: the lowest rank first (hence `Reverse`), then the leftmost pair.
+type Bigram = Candidate<Reverse<u32>, Pair>;
+
+struct Pair {
     right: i32,
+    /// The two tokens when the pair was queued: a merge since then makes it stale.
     left_id: u32,
     right_id: u32,
     into: u32,
 }
-
-impl Ord for Bigram {
-    /// Max-heap order: the lowest rank first, then the leftmost pair.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .rank
-            .cmp(&self.rank)
-            .then_with(|| other.left.cmp(&self.left))
-    }
-}
-
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Bigram {}
 
 impl Bpe {
     /// Whether `pre` names a pre-tokenizer that llama.cpp runs with Llama 3's regex and
@@ -273,8 +252,8 @@ impl Bpe {
         for right in 1..symbols.len() as i32 {
             self.push_bigram(symbols, heap, right - 1, right);
         }
-        while let Some(b) = heap.pop() {
-            let (l, r) = (b.left as usize, b.right as usize);
+        while let Some(Candidate { left, pair: b, .. }) = heap.pop() {
+            let (l, r) = (left as usize, b.right as usize);
             // Stale when either side has changed since the pair was queued.
             if symbols[l].len == 0
                 || symbols[r].len == 0
@@ -289,11 +268,11 @@ impl Bpe {
             symbols[l].next = symbols[r].next;
             let after = symbols[r].next;
             if after >= 0 {
-                symbols[after as usize].prev = b.left;
+                symbols[after as usize].prev = left;
             }
             let (prev, next) = (symbols[l].prev, symbols[l].next);
-            self.push_bigram(symbols, heap, prev, b.left);
-            self.push_bigram(symbols, heap, b.left, next);
+            self.push_bigram(symbols, heap, prev, left);
+            self.push_bigram(symbols, heap, left, next);
         }
 
         let mut i = 0;
@@ -328,12 +307,14 @@ impl Bpe {
         }
         if let Some(m) = self.merges.get(&pair(l, r)) {
             heap.push(Bigram {
-                rank: m.rank,
+                key: Reverse(m.rank),
                 left,
-                right,
-                left_id: l,
-                right_id: r,
-                into: m.into,
+                pair: Pair {
+                    right,
+                    left_id: l,
+                    right_id: r,
+                    into: m.into,
+                },
             });
         }
     }

@@ -6,6 +6,7 @@
 //! the SPM and BPE sessions, `token_to_piece`) and `src/unicode.cpp` (pre-tokenizers).
 
 mod bpe;
+mod merge_queue;
 mod pretokenize;
 mod special;
 mod spm;

@@ -2,9 +2,9 @@
 //! merging of the adjacent pair whose concatenation is the highest-scoring vocabulary token,
 //! then byte fallback (`<0xXX>`) for whatever is left unknown. It is not unigram Viterbi.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+use super::merge_queue::Candidate;
 use super::vocab::Vocab;
 
 /// U+2581 LOWER ONE EIGHTH BLOCK, SentencePiece's visible space.
@@ -30,37 +30,14 @@ struct Symbol {
 }
 
 /// A candidate merge of `left` with its right neighbour `right`.
-struct Bigram {
-    score: f32,
-    left: i32,
+/// A queued merge: the higher score first, then the leftmost pair.
+type Bigram = Candidate<f32, Pair>;
+
+struct Pair {
     right: i32,
+    /// The merged text's length when queued: a merge of either side since makes it stale.
     len: u32,
 }
-
-impl Ord for Bigram {
-    /// llama.cpp's heap order: higher score first, then the leftmost pair. NaN scores compare
-    /// equal, as they do under C++'s `<`.
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.score
-            .partial_cmp(&other.score)
-            .unwrap_or(Ordering::Equal)
-            .then_with(|| other.left.cmp(&self.left))
-    }
-}
-
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Bigram {}
 
 /// Buffers reused across the fragments of one `encode` call.
 #[derive(Default)]
@@ -129,12 +106,12 @@ impl Spm {
         for right in 1..symbols.len() as i32 {
             push_bigram(vocab, bytes, symbols, heap, right - 1, right);
         }
-        while let Some(bigram) = heap.pop() {
-            let (l, r) = (bigram.left as usize, bigram.right as usize);
+        while let Some(Candidate { left, pair, .. }) = heap.pop() {
+            let (l, r) = (left as usize, pair.right as usize);
             // Skip pairs made stale by an earlier merge of either side.
             if symbols[l].len == 0
                 || symbols[r].len == 0
-                || symbols[l].len + symbols[r].len != bigram.len
+                || symbols[l].len + symbols[r].len != pair.len
             {
                 continue;
             }
@@ -143,11 +120,11 @@ impl Spm {
             symbols[l].next = symbols[r].next;
             let after = symbols[r].next;
             if after >= 0 {
-                symbols[after as usize].prev = bigram.left;
+                symbols[after as usize].prev = left;
             }
             let (prev, next) = (symbols[l].prev, symbols[l].next);
-            push_bigram(vocab, bytes, symbols, heap, prev, bigram.left);
-            push_bigram(vocab, bytes, symbols, heap, bigram.left, next);
+            push_bigram(vocab, bytes, symbols, heap, prev, left);
+            push_bigram(vocab, bytes, symbols, heap, left, next);
         }
 
         // Every merged symbol is a vocabulary token (merges only happen into tokens), so
@@ -185,10 +162,9 @@ fn push_bigram(
     let text = &bytes[l.start as usize..(l.start + len) as usize];
     if let Some(id) = vocab.find(text) {
         heap.push(Bigram {
-            score: vocab.score(id),
+            key: vocab.score(id),
             left,
-            right,
-            len,
+            pair: Pair { right, len },
         });
     }
 }
