@@ -117,11 +117,15 @@ pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mu
         let out_of = |t: usize| unsafe {
             std::slice::from_raw_parts_mut(dst.at(t * rows + range.start), range.len())
         };
+        // Groups of 4 from the first row, the rest one by one: llama.cpp's repacked matmul
+        // (`forward_mul_mat`) splits its batch so, and with micro-batches a multiple of 4
+        // long the groups coincide, which matters where its gemm and gemv sum differently.
         let mut t = 0;
         while t + 4 <= n {
             let outs = [out_of(t), out_of(t + 1), out_of(t + 2), out_of(t + 3)];
             dot_rows_x4(
                 w.ty,
+                w.order,
                 w.cols,
                 weights,
                 [act(t), act(t + 1), act(t + 2), act(t + 3)],
@@ -130,7 +134,7 @@ pub fn matmul(pool: &Pool, file: &[u8], w: &Mat, acts: &[u8], n: usize, out: &mu
             t += 4;
         }
         for t in t..n {
-            dot_rows(w.ty, w.cols, weights, act(t), out_of(t));
+            dot_rows(w.ty, w.order, w.cols, weights, act(t), out_of(t));
         }
     });
 }

@@ -4,7 +4,7 @@
 use super::config::Config;
 use super::ModelError;
 use crate::gguf::Gguf;
-use crate::quant::{dequantize_row, GgmlType};
+use crate::quant::{dequantize_row, DotOrder, GgmlType};
 
 /// A weight matrix of `rows` outputs by `cols` inputs, stored row-major in the map.
 #[derive(Clone, Debug)]
@@ -14,6 +14,8 @@ pub struct Mat {
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
+    /// The float order llama.cpp computes this matrix's products in.
+    pub order: DotOrder,
     offset: usize,
 }
 
@@ -34,6 +36,7 @@ impl Mat {
             rows,
             cols,
             row_bytes: t.row_bytes(),
+            order: DotOrder::of_matrix(t.ty(), rows),
             offset: t.info.offset,
         })
     }

@@ -11,6 +11,13 @@
     target_feature = "f16c"
 ))]
 mod avx2;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod avx2_repacked;
 mod blocks;
 mod quantize;
 pub mod reference;
@@ -30,6 +37,34 @@ pub fn vec_dot_type(w: GgmlType) -> GgmlType {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS | GgmlType::Q8_K => {
             GgmlType::Q8_K
+        }
+    }
+}
+
+/// Which of llama.cpp's kernel families computes a matrix's products. They sum in different
+/// float orders, and a last-bit difference in one layer moves the next layer's quantisation, so
+/// parity needs the same family for every matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DotOrder {
+    /// The row-by-row `ggml_vec_dot_*` kernels.
+    VecDot,
+    /// The CPU_REPACK buffer's `ggml_gemv_*_8x8` (single activation rows) and `ggml_gemm_*_8x8`
+    /// (groups of 4) kernels; see `avx2_repacked`.
+    Repacked,
+}
+
+impl DotOrder {
+    /// The family llama.cpp on AVX2 uses for a `w` matrix of `rows` outputs: it repacks Q4_0,
+    /// Q4_K and IQ4_NL when the rows come in whole groups of 8
+    /// (`ggml_repack_get_optimal_repack_type`, ggml/src/ggml-cpu/repack.cpp). That includes an
+    /// output matrix tied to the embedding: llama.cpp loads the tie as a separate, repackable
+    /// copy (TENSOR_DUPLICATED), while the embedding itself (read by GET_ROWS) is not repacked.
+    pub fn of_matrix(w: GgmlType, rows: usize) -> DotOrder {
+        match w {
+            GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::IQ4_NL if rows % 8 == 0 => {
+                DotOrder::Repacked
+            }
+            _ => DotOrder::VecDot,
         }
     }
 }
@@ -63,9 +98,16 @@ pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
 }
 
 /// Dots each of the consecutive weight rows in `rows` (type `w`, `n` values each) with one
-/// activation row, writing `out[i]` for row i. The hot loop of every matmul: lengths are
-/// checked once per call, not per row.
-pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+/// activation row, writing `out[i]` for row i, in the float order `order` (a single-row gemv
+/// when repacked). The hot loop of every matmul: lengths are checked once per call, not per row.
+pub fn dot_rows(
+    w: GgmlType,
+    order: DotOrder,
+    n: usize,
+    rows: &[u8],
+    act: &[u8],
+    out: &mut [f32],
+) {
     let row_bytes = w
         .row_bytes(n)
         .filter(|&b| b > 0 && rows.len() == b * out.len());
@@ -77,16 +119,24 @@ pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32])
         );
     };
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
-    // `simd_vec_dot` is inlined, so its type match is resolved outside this loop.
+    // `simd_dot` is inlined, so its match is resolved outside this loop.
     for (row, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
-        *o = simd_vec_dot(w, row, act);
+        *o = simd_dot(w, order, row, act);
     }
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`. Types with a
-/// four-row kernel (Q8_0, Q4_0, Q5_0: the weight unpacking is shared) use it; the rest loop.
-/// Results are bit-identical to four [`dot_rows`] calls.
-pub fn dot_rows_x4(w: GgmlType, n: usize, rows: &[u8], acts: [&[u8]; 4], outs: [&mut [f32]; 4]) {
+/// four-row kernel (the weight unpacking is shared) use it; the rest loop. In the vec_dot order
+/// results are bit-identical to four [`dot_rows`] calls; repacked, they follow llama.cpp's gemm,
+/// which for Q4_K sums in another order than its gemv.
+pub fn dot_rows_x4(
+    w: GgmlType,
+    order: DotOrder,
+    n: usize,
+    rows: &[u8],
+    acts: [&[u8]; 4],
+    outs: [&mut [f32]; 4],
+) {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -95,16 +145,20 @@ pub fn dot_rows_x4(w: GgmlType, n: usize, rows: &[u8], acts: [&[u8]; 4], outs: [
     ))]
     {
         type Kernel = fn(&[u8], [&[u8]; 4]) -> [f32; 4];
-        let kernel: Option<Kernel> = match w {
-            GgmlType::Q8_0 => {
-                Some(|r, a| avx2::q8_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+        use blocks::blocks as b;
+        let kernel: Option<Kernel> = match (order, w) {
+            (DotOrder::Repacked, GgmlType::Q4_0) => {
+                Some(|r, a| avx2_repacked::q4_0_q8_0_x4(b(r), a.map(b)))
             }
-            GgmlType::Q4_0 => {
-                Some(|r, a| avx2::q4_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+            (DotOrder::Repacked, GgmlType::IQ4_NL) => {
+                Some(|r, a| avx2_repacked::iq4_nl_q8_0_x4(b(r), a.map(b)))
             }
-            GgmlType::Q5_0 => {
-                Some(|r, a| avx2::q5_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+            (DotOrder::Repacked, GgmlType::Q4_K) => {
+                Some(|r, a| avx2_repacked::q4_k_q8_k_x4(b(r), a.map(b)))
             }
+            (_, GgmlType::Q8_0) => Some(|r, a| avx2::q8_0_q8_0_x4(b(r), a.map(b))),
+            (_, GgmlType::Q4_0) => Some(|r, a| avx2::q4_0_q8_0_x4(b(r), a.map(b))),
+            (_, GgmlType::Q5_0) => Some(|r, a| avx2::q5_0_q8_0_x4(b(r), a.map(b))),
             _ => None,
         };
         if let Some(kernel) = kernel {
@@ -129,7 +183,7 @@ pub fn dot_rows_x4(w: GgmlType, n: usize, rows: &[u8], acts: [&[u8]; 4], outs: [
         }
     }
     for (a, o) in acts.into_iter().zip(outs) {
-        dot_rows(w, n, rows, a, o);
+        dot_rows(w, order, n, rows, a, o);
     }
 }
 
@@ -149,6 +203,27 @@ fn check_row_len(what: &str, ty: GgmlType, n: usize, bytes: usize) {
         ty.block_len(),
         ty.block_bytes(),
     );
+}
+
+/// [`simd_vec_dot`], or the repacked kernel when `order` asks for one and `w` has it.
+#[inline(always)]
+fn simd_dot(w: GgmlType, order: DotOrder, w_row: &[u8], act: &[u8]) -> f32 {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    if order == DotOrder::Repacked {
+        use blocks::blocks as b;
+        match w {
+            GgmlType::Q4_0 => return avx2_repacked::q4_0_q8_0(b(w_row), b(act)),
+            GgmlType::IQ4_NL => return avx2_repacked::iq4_nl_q8_0(b(w_row), b(act)),
+            GgmlType::Q4_K => return avx2_repacked::q4_k_q8_k(b(w_row), b(act)),
+            _ => {}
+        }
+    }
+    simd_vec_dot(w, w_row, act)
 }
 
 /// The SIMD kernel for `w`, rows already checked. Compiled for x86-64-v3 (the workspace's target);
