@@ -1,5 +1,5 @@
 //! A session: one conversation's KV cache and scratch, allocated once, and the forward pass.
-//! Nothing here allocates after [`Session::new`].
+//! Nothing here allocates after [`Session::new`] (except [`Session::eval_all`], a diagnostic).
 
 use half::f16;
 
@@ -158,7 +158,7 @@ impl Session {
     }
 
     /// Like [`Session::eval`], but computes the logits after every token and passes them to
-    /// `each(index, logits)` (teacher forcing, perplexity).
+    /// `each(index, logits)` (teacher forcing, perplexity). Allocates logits for 4 tokens.
     pub fn eval_all(
         &mut self,
         m: &Model,
@@ -188,18 +188,33 @@ impl Session {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(ModelError::BadToken { id: bad, n_vocab });
         }
+        // llama.cpp computes all of a batch's logits in one matmul, whose repacked kernels sum
+        // groups of 4 tokens in another order than single ones (see `matmul`): so do we.
+        let mut group = if each.is_some() {
+            vec![0f32; 4 * n_vocab]
+        } else {
+            Vec::new()
+        };
         let mut done = 0;
         for batch in tokens.chunks(UBATCH) {
             let last_batch = done + batch.len() == tokens.len();
             self.ubatch(m, batch);
             match each.as_mut() {
                 Some(f) => {
-                    for t in 0..batch.len() {
-                        self.logits(m, t);
-                        f(done + t, &self.s.logits);
+                    for t0 in (0..batch.len()).step_by(4) {
+                        let ts = t0..(t0 + 4).min(batch.len());
+                        logits(&mut self.s, m, ts.clone(), &mut group);
+                        for (logits, t) in group.chunks_exact(n_vocab).zip(ts) {
+                            f(done + t, logits);
+                        }
                     }
                 }
-                None if last_batch => self.logits(m, batch.len() - 1),
+                None if last_batch => {
+                    let mut out = std::mem::take(&mut self.s.logits);
+                    let last = batch.len() - 1;
+                    logits(&mut self.s, m, last..last + 1, &mut out);
+                    self.s.logits = out;
+                }
                 None => {}
             }
             done += batch.len();
@@ -367,22 +382,20 @@ impl Session {
         self.n_past += n;
     }
 
-    /// Logits of token `t` of the last micro-batch into `s.logits`.
-    fn logits(&mut self, m: &Model, t: usize) {
-        let c = &m.config;
-        let d = c.n_embd;
-        let s = &mut self.s;
-        ops::rms_norm(
-            &s.x[t * d..(t + 1) * d],
-            &m.weights.output_norm,
-            c.norm_eps,
-            &mut s.xn[..d],
-        );
-        s.acts.invalidate();
-        let out = &m.weights.output;
-        let a = s.acts.get(out.ty, &s.xn[..d], 1, d);
-        matmul(&m.pool, m.gguf.bytes(), out, a, 1, &mut s.logits);
+}
+
+/// Logits of tokens `ts` (at most [`UBATCH`]) of the last micro-batch, one row of `out` each.
+fn logits(s: &mut Scratch, m: &Model, ts: std::ops::Range<usize>, out: &mut [f32]) {
+    let c = &m.config;
+    let d = c.n_embd;
+    let n = ts.len();
+    for (t, xn) in ts.zip(s.xn.chunks_exact_mut(d)) {
+        ops::rms_norm(&s.x[t * d..(t + 1) * d], &m.weights.output_norm, c.norm_eps, xn);
     }
+    s.acts.invalidate();
+    let w = &m.weights.output;
+    let a = s.acts.get(w.ty, &s.xn[..n * d], n, d);
+    matmul(&m.pool, m.gguf.bytes(), w, a, n, out);
 }
 
 /// Causal attention of the n queries at positions `pos0..pos0+n` over the cache, parallel over
