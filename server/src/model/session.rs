@@ -381,7 +381,6 @@ impl Session {
         }
         self.n_past += n;
     }
-
 }
 
 /// Logits of tokens `ts` (at most [`UBATCH`]) of the last micro-batch, one row of `out` each.
@@ -390,7 +389,12 @@ fn logits(s: &mut Scratch, m: &Model, ts: std::ops::Range<usize>, out: &mut [f32
     let d = c.n_embd;
     let n = ts.len();
     for (t, xn) in ts.zip(s.xn.chunks_exact_mut(d)) {
-        ops::rms_norm(&s.x[t * d..(t + 1) * d], &m.weights.output_norm, c.norm_eps, xn);
+        ops::rms_norm(
+            &s.x[t * d..(t + 1) * d],
+            &m.weights.output_norm,
+            c.norm_eps,
+            xn,
+        );
     }
     s.acts.invalidate();
     let w = &m.weights.output;

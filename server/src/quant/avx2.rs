@@ -298,14 +298,7 @@ unsafe fn dot_k4<B: Block>(
 
 pub fn q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
     // SAFETY: as in `q8_0_q8_0`; chunk c reads qs[32c..32c+32] of a 128-byte array (c < 4).
-    unsafe {
-        dot_k4(
-            w,
-            a,
-            |b| (b.d, b.dmin, &b.scales),
-            |b, c| q4_k_chunk(b, c),
-        )
-    }
+    unsafe { dot_k4(w, a, |b| (b.d, b.dmin, &b.scales), |b, c| q4_k_chunk(b, c)) }
 }
 
 /// The 64 quants of chunk c (< 4) of a Q4_K super-block as (values 0..32, values 32..64): the

@@ -100,14 +100,7 @@ pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
 /// Dots each of the consecutive weight rows in `rows` (type `w`, `n` values each) with one
 /// activation row, writing `out[i]` for row i, in the float order `order` (a single-row gemv
 /// when repacked). The hot loop of every matmul: lengths are checked once per call, not per row.
-pub fn dot_rows(
-    w: GgmlType,
-    order: DotOrder,
-    n: usize,
-    rows: &[u8],
-    act: &[u8],
-    out: &mut [f32],
-) {
+pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
     let row_bytes = w
         .row_bytes(n)
         .filter(|&b| b > 0 && rows.len() == b * out.len());

@@ -241,30 +241,49 @@ fn repacked_spec(w: GgmlType, w_row: &[u8], act: &[u8], gemm: bool) -> f32 {
     let f16 = |bits: [u8; 2]| f16::from_le_bytes(bits).to_f32();
     let a_blocks = || blocks::<BlockQ8_0>(act).iter();
     let chain32 = |weights: Vec<([u8; 2], [i8; 32])>| {
-        weights.iter().zip(a_blocks()).fold(0.0, |acc, ((d, q), a)| {
-            let sumi = q.iter().zip(&a.qs).map(|(&q, &a)| q as i32 * a as i32).sum();
-            fma(sumi, f16(*d), f16(a.d), acc)
-        })
+        weights
+            .iter()
+            .zip(a_blocks())
+            .fold(0.0, |acc, ((d, q), a)| {
+                let sumi = q
+                    .iter()
+                    .zip(&a.qs)
+                    .map(|(&q, &a)| q as i32 * a as i32)
+                    .sum();
+                fma(sumi, f16(*d), f16(a.d), acc)
+            })
     };
     match w {
         GgmlType::Q4_0 => chain32(
-            blocks::<BlockQ4_0>(w_row).iter().map(|b| (b.d, reference::q4_0_values(b))).collect(),
+            blocks::<BlockQ4_0>(w_row)
+                .iter()
+                .map(|b| (b.d, reference::q4_0_values(b)))
+                .collect(),
         ),
         GgmlType::IQ4_NL => chain32(
-            blocks::<BlockIq4Nl>(w_row).iter().map(|b| (b.d, reference::iq4_nl_values(b))).collect(),
+            blocks::<BlockIq4Nl>(w_row)
+                .iter()
+                .map(|b| (b.d, reference::iq4_nl_values(b)))
+                .collect(),
         ),
         GgmlType::Q4_K => {
             let (mut acc, mut acc_min) = (0.0, 0.0);
-            for (b, y) in blocks::<BlockQ4K>(w_row).iter().zip(blocks::<BlockQ8K>(act)) {
+            for (b, y) in blocks::<BlockQ4K>(w_row)
+                .iter()
+                .zip(blocks::<BlockQ8K>(act))
+            {
                 let q = reference::q4_k_values(b);
                 let sm = scales_mins_k4(&b.scales);
                 let scaled = |s: usize| {
-                    let dot: i32 = (32 * s..32 * s + 32).map(|i| q[i] as i32 * y.qs[i] as i32).sum();
+                    let dot: i32 = (32 * s..32 * s + 32)
+                        .map(|i| q[i] as i32 * y.qs[i] as i32)
+                        .sum();
                     sm[s] as i32 * dot
                 };
                 let min = |s: usize| sm[8 + s] as i32 * (y.bsum(2 * s) + y.bsum(2 * s + 1));
-                let groups = if gemm { vec![0..2, 2..4, 4..6, 6..8] } else { vec![0..8] };
-                for g in groups {
+                // Sub-blocks per FMA: a 64-value chunk in the gemm, the super-block in the gemv.
+                let per_fma = if gemm { 2 } else { 8 };
+                for g in (0..8).step_by(per_fma).map(|s| s..s + per_fma) {
                     acc = fma(g.clone().map(scaled).sum(), f16(b.d), y.d(), acc);
                     acc_min = fma(g.map(min).sum(), f16(b.dmin), y.d(), acc_min);
                 }
