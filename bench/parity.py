@@ -3,6 +3,7 @@
 
     bench/parity.py MODEL ID,ID,...
     bench/parity.py MODEL GOLDEN.json [PROMPT_NAME]
+    ONE_BY_ONE=1 bench/parity.py ...   (both engines evaluate one token at a time, as in decoding)
 
 Evaluates the ids in one batch with llama.cpp (llama-cpp-python, all logits, 1 thread, the
 golden files' settings) and with `server/examples/dump_logits.rs`, then prints per position the
@@ -36,11 +37,17 @@ def main():
     ids = ",".join(map(str, tokens))
     llm = llama_cpp.Llama(model_path=model, n_ctx=max(64, len(tokens)), n_batch=512,
                           logits_all=True, verbose=False, n_threads=1)
-    llm.eval(tokens)
+    one_by_one = os.environ.get("ONE_BY_ONE") == "1"
+    if one_by_one:
+        for t in tokens:
+            llm.eval([t])
+    else:
+        llm.eval(tokens)
     ref = np.array(llm.scores[: len(tokens)])
     target = os.environ.get("CARGO_TARGET_DIR", "target")
     exe = os.path.join(target, "release", "examples", "dump_logits")
-    out = subprocess.run([exe, model, ids], capture_output=True, text=True, check=True).stdout
+    cmd = [exe, model, ids] + (["--one-by-one"] if one_by_one else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     ours = np.array([json.loads(line) for line in out.splitlines() if line])
     for i in range(len(tokens)):
         d = np.abs(ours[i] - ref[i])

@@ -1,5 +1,6 @@
 //! Teacher-forced logits for a token sequence, one JSON array per position:
-//! `dump_logits MODEL ID,ID,...`. `bench/parity.py` runs it beside llama.cpp to find the first
+//! `dump_logits MODEL ID,ID,... [--one-by-one]` (one batch, or one token per evaluation as a
+//! decode loop feeds them). `bench/parity.py` runs it beside llama.cpp to find the first
 //! position and the layer of arithmetic where the two engines part.
 
 use std::io::Write;
@@ -26,10 +27,21 @@ fn main() {
     .unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut session = model.new_session(ids.len());
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    session
-        .eval_all(&model, &ids, &mut |_, logits| {
-            let line = serde_json::to_string(logits).expect("f32s serialise");
-            writeln!(out, "{line}").expect("stdout");
-        })
-        .unwrap_or_else(|e| panic!("eval: {e}"));
+    let mut print = |logits: &[f32]| {
+        let line = serde_json::to_string(logits).expect("f32s serialise");
+        writeln!(out, "{line}").expect("stdout");
+    };
+    if args.get(3).is_some_and(|a| a == "--one-by-one") {
+        for &id in &ids {
+            print(
+                session
+                    .eval(&model, &[id])
+                    .unwrap_or_else(|e| panic!("eval: {e}")),
+            );
+        }
+    } else {
+        session
+            .eval_all(&model, &ids, &mut |_, logits| print(logits))
+            .unwrap_or_else(|e| panic!("eval: {e}"));
+    }
 }

@@ -11,7 +11,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use llm_server::quant::{quantize_row, vec_dot, vec_dot_type, GgmlType, MatmulPath};
+use llm_server::quant::{quantize_row, vec_dot, vec_dot_type, DotOrder, GgmlType};
 
 /// Bytes of the weight matrix per case: the size of the Q8_0 LM head.
 const MATRIX_BYTES: usize = 262_144 * 680;
@@ -78,7 +78,7 @@ fn bench(ty: GgmlType, n: usize, label: &str, seed: &mut u64) {
     for _ in 0..PASSES {
         let (start, start_cpu) = (Instant::now(), on_cpu());
         for (o, row) in out.iter_mut().zip(matrix.chunks_exact(row_bytes)) {
-            *o = vec_dot(ty, n, row, &act, MatmulPath::VecDot);
+            *o = vec_dot(ty, DotOrder::VecDot, n, row, &act);
         }
         black_box(&out);
         wall = wall.min(start.elapsed());

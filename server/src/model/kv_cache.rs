@@ -10,10 +10,10 @@ use super::config::Config;
 pub const UBATCH: usize = 32;
 
 /// Tokens llama.cpp evaluates as one batch (its n_batch and n_ubatch, 512 by default): how many
-/// activation rows its matmuls see, which decides their float order ([`MatmulPath::for_rows`]).
+/// activation rows its matmuls see, which decides their float order ([`DotOrder::of`]).
 /// A multiple of [`UBATCH`], so micro-batches never straddle two of them.
 ///
-/// [`MatmulPath::for_rows`]: crate::quant::MatmulPath::for_rows
+/// [`DotOrder::of`]: crate::quant::DotOrder::of
 pub const LLAMA_BATCH: usize = 512;
 
 pub struct LayerKv {

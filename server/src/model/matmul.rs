@@ -2,7 +2,7 @@
 //! then output rows are spread over the pool; each weight row is read once per batch.
 
 use super::weights::Mat;
-use crate::quant::{dot_rows, dot_rows_x4, quantize_row, vec_dot_type, GgmlType, MatmulPath};
+use crate::quant::{dot_rows, dot_rows_x4, quantize_row, vec_dot_type, DotOrder, GgmlType};
 use crate::threads::Pool;
 
 /// Activation formats, each with its own buffer so one input can feed weights of several types.
@@ -93,7 +93,7 @@ impl SharedOut {
 }
 
 /// `out[t * w.rows + r] = dot(w.row(r), act_t)` for the n activation rows in `acts`, summed in
-/// the float order of llama.cpp's `path`.
+/// the float order llama.cpp uses when its matmul sees `llama_rows` activation rows at once.
 pub fn matmul(
     pool: &Pool,
     file: &[u8],
@@ -101,7 +101,7 @@ pub fn matmul(
     acts: &[u8],
     n: usize,
     out: &mut [f32],
-    path: MatmulPath,
+    llama_rows: usize,
 ) {
     assert!(
         out.len() >= n * w.rows,
@@ -112,6 +112,7 @@ pub fn matmul(
     let data = w.data(file);
     let dst = SharedOut(out.as_mut_ptr());
     let rows = w.rows;
+    let order = DotOrder::of(w.ty, rows, llama_rows);
     // Enough chunks for dynamic balancing, few enough that the shared counter stays cold, and
     // at least 64 KiB of weights each: smaller matrices run on the calling thread, where waking
     // a worker would cost more than it saves.
@@ -126,21 +127,24 @@ pub fn matmul(
         let out_of = |t: usize| unsafe {
             std::slice::from_raw_parts_mut(dst.at(t * rows + range.start), range.len())
         };
+        // Groups of 4 from the first row, the rest one by one: llama.cpp's repacked matmul
+        // (`forward_mul_mat`) splits its batch so, and with micro-batches a multiple of 4
+        // long the groups coincide, which matters where its gemm and gemv sum differently.
         let mut t = 0;
         while t + 4 <= n {
             let outs = [out_of(t), out_of(t + 1), out_of(t + 2), out_of(t + 3)];
             dot_rows_x4(
                 w.ty,
+                order,
                 w.cols,
                 weights,
                 [act(t), act(t + 1), act(t + 2), act(t + 3)],
                 outs,
-                path,
             );
             t += 4;
         }
         for t in t..n {
-            dot_rows(w.ty, w.cols, weights, act(t), out_of(t), path);
+            dot_rows(w.ty, order, w.cols, weights, act(t), out_of(t));
         }
     });
 }

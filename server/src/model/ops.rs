@@ -157,6 +157,15 @@ pub fn hsum8(v: &[f32; 8]) -> f32 {
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
+/// Sum of 32 lanes as ggml's `ggml_vec_dot_f16` reduces its four 8-lane accumulators on AVX2
+/// (`GGML_F16_VEC_REDUCE`): accumulator 0 + 2 and 1 + 3, those two added, the halves added,
+/// then two horizontal adds.
+pub fn hsum32_f16_vec(v: &[f32; 32]) -> f32 {
+    let x: [f32; 8] = std::array::from_fn(|i| (v[i] + v[i + 16]) + (v[i + 8] + v[i + 24]));
+    let t: [f32; 4] = std::array::from_fn(|i| x[i] + x[i + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
 /// Softmax as ggml's `soft_max` op computes it on AVX2: exponentials by [`exp_ggml`] in groups
 /// of 8 whose horizontal sums accumulate in f64 (a scalar `expf` tail), then one multiply by
 /// the f32 reciprocal of the sum. Entries of `-inf` (masked) come out as exactly 0.

@@ -1,5 +1,5 @@
 //! A session: one conversation's KV cache and scratch, allocated once, and the forward pass.
-//! Nothing here allocates after [`Session::new`].
+//! Nothing here allocates after [`Session::new`] (except [`Session::eval_all`], a diagnostic).
 
 use half::f16;
 
@@ -10,7 +10,7 @@ use super::matmul::{matmul, Acts};
 use super::ops;
 use super::weights::Weights;
 use super::{Model, ModelError};
-use crate::quant::{dequantize_row, MatmulPath};
+use crate::quant::dequantize_row;
 
 /// Per-token working memory for one micro-batch of up to [`UBATCH`] tokens.
 struct Scratch {
@@ -56,9 +56,9 @@ impl Lens {
             ff: b * c.n_ff,
             logits: c.n_vocab,
             // Scores of one query, padded to whole groups of 8 positions.
-            scores: threads * (n_ctx + 8),
+            scores: threads * (n_ctx + F16Dot::MAX_LANES),
             // The f16-rounded query head and 8 lanes of value accumulators.
-            qh: threads * 9 * c.head_dim,
+            qh: threads * (1 + F16Dot::MAX_LANES) * c.head_dim,
             rope: b * c.n_rot / 2,
         }
     }
@@ -158,7 +158,7 @@ impl Session {
     }
 
     /// Like [`Session::eval`], but computes the logits after every token and passes them to
-    /// `each(index, logits)` (teacher forcing, perplexity).
+    /// `each(index, logits)` (teacher forcing, perplexity). Allocates logits for 4 tokens.
     pub fn eval_all(
         &mut self,
         m: &Model,
@@ -188,18 +188,34 @@ impl Session {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(ModelError::BadToken { id: bad, n_vocab });
         }
+        // llama.cpp computes all of a batch's logits in one matmul, whose repacked kernels sum
+        // groups of 4 tokens in another order than single ones (see `matmul`): so do we.
+        let mut group = if each.is_some() {
+            vec![0f32; 4 * n_vocab]
+        } else {
+            Vec::new()
+        };
         let mut done = 0;
         for batch in tokens.chunks(UBATCH) {
             let last_batch = done + batch.len() == tokens.len();
-            self.ubatch(m, batch, llama_paths(tokens.len(), done, each.is_some()));
+            let rows = llama_rows(tokens.len(), done, each.is_some());
+            self.ubatch(m, batch, rows);
             match each.as_mut() {
                 Some(f) => {
-                    for t in 0..batch.len() {
-                        self.logits(m, t, llama_paths(tokens.len(), done, true).outputs);
-                        f(done + t, &self.s.logits);
+                    for t0 in (0..batch.len()).step_by(4) {
+                        let ts = t0..(t0 + 4).min(batch.len());
+                        logits(&mut self.s, m, ts.clone(), &mut group, rows.outputs);
+                        for (logits, t) in group.chunks_exact(n_vocab).zip(ts) {
+                            f(done + t, logits);
+                        }
                     }
                 }
-                None if last_batch => self.logits(m, batch.len() - 1, MatmulPath::VecDot),
+                None if last_batch => {
+                    let mut out = std::mem::take(&mut self.s.logits);
+                    let last = batch.len() - 1;
+                    logits(&mut self.s, m, last..last + 1, &mut out, rows.outputs);
+                    self.s.logits = out;
+                }
                 None => {}
             }
             done += batch.len();
@@ -208,7 +224,7 @@ impl Session {
     }
 
     /// Runs the layers over one micro-batch, leaving the final hidden states in `s.x`.
-    fn ubatch(&mut self, m: &Model, tokens: &[u32], paths: LlamaPaths) {
+    fn ubatch(&mut self, m: &Model, tokens: &[u32], rows: LlamaRows) {
         let c = &m.config;
         let w = &m.weights;
         let file = m.gguf.bytes();
@@ -263,7 +279,7 @@ impl Session {
                 (&l.wv, &mut s.v, &l.bv),
             ] {
                 let a = s.acts.get(mat.ty, &s.xn, n, d);
-                matmul(pool, file, mat, a, n, out, paths.layers);
+                matmul(pool, file, mat, a, n, out, rows.layers);
                 if let Some(b) = bias {
                     for row in out[..n * mat.rows].chunks_exact_mut(mat.rows) {
                         row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
@@ -314,11 +330,12 @@ impl Session {
                 n,
                 window,
                 self.n_ctx,
+                F16Dot::for_tokens(rows.layers),
             );
 
             s.acts.invalidate();
             let a = s.acts.get(l.wo.ty, &s.attn, n, qd);
-            matmul(pool, file, &l.wo, a, n, &mut s.o, paths.layers);
+            matmul(pool, file, &l.wo, a, n, &mut s.o, rows.layers);
             for t in 0..n {
                 let o = &mut s.o[t * d..(t + 1) * d];
                 if let Some(pn) = &l.post_attn_norm {
@@ -331,10 +348,10 @@ impl Session {
             }
 
             // Feed-forward block. llama.cpp runs the last layer's on the output rows only.
-            let ffn_path = if il + 1 == w.layers.len() {
-                paths.outputs
+            let ffn_rows = if il + 1 == w.layers.len() {
+                rows.outputs
             } else {
-                paths.layers
+                rows.layers
             };
             for t in 0..n {
                 ops::rms_norm(
@@ -346,9 +363,9 @@ impl Session {
             }
             s.acts.invalidate();
             let a = s.acts.get(l.w_gate.ty, &s.xn, n, d);
-            matmul(pool, file, &l.w_gate, a, n, &mut s.gate, ffn_path);
+            matmul(pool, file, &l.w_gate, a, n, &mut s.gate, ffn_rows);
             let a = s.acts.get(l.w_up.ty, &s.xn, n, d);
-            matmul(pool, file, &l.w_up, a, n, &mut s.up, ffn_path);
+            matmul(pool, file, &l.w_up, a, n, &mut s.up, ffn_rows);
             let ff = c.n_ff;
             let (gate, up) = (&mut s.gate[..n * ff], &s.up[..n * ff]);
             match c.activation {
@@ -357,7 +374,7 @@ impl Session {
             }
             s.acts.invalidate();
             let a = s.acts.get(l.w_down.ty, &s.gate, n, ff);
-            matmul(pool, file, &l.w_down, a, n, &mut s.o, ffn_path);
+            matmul(pool, file, &l.w_down, a, n, &mut s.o, ffn_rows);
             for t in 0..n {
                 let o = &mut s.o[t * d..(t + 1) * d];
                 if let Some(pn) = &l.post_ffn_norm {
@@ -371,52 +388,62 @@ impl Session {
         }
         self.n_past += n;
     }
+}
 
-    /// Logits of token `t` of the last micro-batch into `s.logits`.
-    fn logits(&mut self, m: &Model, t: usize, path: MatmulPath) {
-        let c = &m.config;
-        let d = c.n_embd;
-        let s = &mut self.s;
+/// Logits of tokens `ts` (at most [`UBATCH`]) of the last micro-batch, one row of `out` each, as
+/// llama.cpp's output matmul over `llama_rows` rows computes them.
+fn logits(
+    s: &mut Scratch,
+    m: &Model,
+    ts: std::ops::Range<usize>,
+    out: &mut [f32],
+    llama_rows: usize,
+) {
+    let c = &m.config;
+    let d = c.n_embd;
+    let n = ts.len();
+    for (t, xn) in ts.zip(s.xn.chunks_exact_mut(d)) {
         ops::rms_norm(
             &s.x[t * d..(t + 1) * d],
             &m.weights.output_norm,
             c.norm_eps,
-            &mut s.xn[..d],
+            xn,
         );
-        s.acts.invalidate();
-        let out = &m.weights.output;
-        let a = s.acts.get(out.ty, &s.xn[..d], 1, d);
-        matmul(&m.pool, m.gguf.bytes(), out, a, 1, &mut s.logits, path);
     }
+    s.acts.invalidate();
+    let w = &m.weights.output;
+    let a = s.acts.get(w.ty, &s.xn[..n * d], n, d);
+    matmul(&m.pool, m.gguf.bytes(), w, a, n, out, llama_rows);
 }
 
-/// The matmul paths llama.cpp takes for the llama.cpp batch holding token `done` of an n-token
-/// evaluation.
+/// How many activation rows llama.cpp's matmuls see in the llama.cpp batch holding token `done`
+/// of an n-token evaluation: that decides their float order
+/// ([`DotOrder::of`](crate::quant::DotOrder::of)).
 #[derive(Clone, Copy)]
-struct LlamaPaths {
+struct LlamaRows {
     /// Every layer's matmuls but the last layer's feed-forward: one row per token of the batch.
-    layers: MatmulPath,
+    layers: usize,
     /// The last layer's feed-forward and the output matrix, which llama.cpp runs on the rows
     /// whose logits are wanted only: all of them when every position's logits are, else the
     /// last one.
-    outputs: MatmulPath,
+    outputs: usize,
 }
 
-fn llama_paths(n: usize, done: usize, all_logits: bool) -> LlamaPaths {
+fn llama_rows(n: usize, done: usize, all_logits: bool) -> LlamaRows {
     let start = done / LLAMA_BATCH * LLAMA_BATCH;
     let rows = (n - start).min(LLAMA_BATCH);
-    LlamaPaths {
-        layers: MatmulPath::for_rows(rows),
-        outputs: MatmulPath::for_rows(if all_logits { rows } else { 1 }),
+    LlamaRows {
+        layers: rows,
+        outputs: if all_logits { rows } else { 1 },
     }
 }
 
 /// Causal attention of the n queries at positions `pos0..pos0+n` over the cache, parallel over
-/// (token, head), in llama.cpp's arithmetic (its default, non-flash path, whose f16 matmuls go
-/// through tinyBLAS): Q is rounded to f16; each score is an 8-lane FMA chain over the head,
-/// summed in ggml's horizontal order; the softmax is ggml's ([`ops::softmax_ggml`]) over rows
-/// aligned to 8 cells; the probabilities are rounded to f16 and the values accumulated in 8
-/// lanes by cell. Quantised models amplify any last-bit difference here.
+/// (token, head), in llama.cpp's arithmetic (its default, non-flash path): Q is rounded to f16;
+/// each score is an FMA chain per lane over the head, summed in the horizontal order of `f16`'s
+/// kernel; the softmax is ggml's ([`ops::softmax_ggml`]) over rows aligned to the lanes; the
+/// probabilities are rounded to f16 and the values accumulated in the same lanes by cell.
+/// Quantised models amplify any last-bit difference here.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     m: &Model,
@@ -429,13 +456,15 @@ fn attention(
     n: usize,
     window: Option<usize>,
     n_ctx: usize,
+    f16: F16Dot,
 ) {
     let c = &m.config;
     let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
     let group = c.n_head / c.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let row = n_ctx + 8;
-    let per_thread = 9 * hd;
+    let row = n_ctx + F16Dot::MAX_LANES;
+    let lanes = f16.lanes();
+    let per_thread = (1 + F16Dot::MAX_LANES) * hd;
     let (out_p, scores_p, qh_p) = (
         SharedMut(out.as_mut_ptr()),
         SharedMut(scores.as_mut_ptr()),
@@ -451,17 +480,17 @@ fn attention(
                 let (t, h) = (task / c.n_head, task % c.n_head);
                 let pos = pos0 + t;
                 let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                // Rows start on a multiple of 8 so softmax groups and value lanes fall on the same
-                // positions as llama.cpp's; entries outside [first, pos] are masked.
-                let base = first - first % 8;
-                let len8 = (pos + 1 - base).div_ceil(8) * 8;
+                // Rows start on a multiple of the lanes so softmax groups and value lanes fall on
+                // the same cells as llama.cpp's; entries outside [first, pos] are masked.
+                let base = first - first % lanes;
+                let len = (pos + 1 - base).div_ceil(lanes) * lanes;
                 // SAFETY: per-thread scratch regions and per-(t, h) output slices are disjoint.
                 let (sc, qv, acc, o) = unsafe {
                     let scratch = qh_p.0.add(thread * per_thread);
                     (
-                        std::slice::from_raw_parts_mut(scores_p.0.add(thread * row), len8),
+                        std::slice::from_raw_parts_mut(scores_p.0.add(thread * row), len),
                         std::slice::from_raw_parts_mut(scratch, hd),
-                        std::slice::from_raw_parts_mut(scratch.add(hd), 8 * hd),
+                        std::slice::from_raw_parts_mut(scratch.add(hd), lanes * hd),
                         std::slice::from_raw_parts_mut(out_p.0.add(t * qd + h * hd), hd),
                     )
                 };
@@ -478,8 +507,7 @@ fn attention(
                         f32::NEG_INFINITY
                     } else {
                         let cell = lkv.cell(p);
-                        dot_f16_lanes(qv, &lkv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd])
-                            * post
+                        f16.dot(qv, &lkv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd]) * post
                     };
                 }
                 ops::softmax_ggml(sc);
@@ -492,26 +520,75 @@ fn attention(
                     let p = f16::from_f32(p).to_f32();
                     let cell = lkv.cell(at);
                     let v = &lkv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
-                    let lane = &mut acc[(i % 8) * hd..(i % 8 + 1) * hd];
+                    let lane = &mut acc[(i % lanes) * hd..(i % lanes + 1) * hd];
                     for (a, &v) in lane.iter_mut().zip(v) {
                         *a = p.mul_add(v.to_f32(), *a);
                     }
                 }
                 for (d, o) in o.iter_mut().enumerate() {
-                    *o = ops::hsum8(&std::array::from_fn(|r| acc[r * hd + d]));
+                    *o = f16.reduce(|r| acc[r * hd + d]);
                 }
             }
         });
 }
 
-/// Dot product in 8 lanes (lane r takes elements r, r+8, …, chained by FMA), summed in ggml's
-/// horizontal order: tinyBLAS's f16 kernel, on values already rounded to f16.
-fn dot_f16_lanes(q: &[f32], k: &[f16]) -> f32 {
-    let mut lanes = [0f32; 8];
-    for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
-        for r in 0..8 {
-            lanes[r] = qc[r].mul_add(kc[r].to_f32(), lanes[r]);
+/// How llama.cpp's non-flash attention multiplies its f16 matrices (K·Q and V·P): through
+/// tinyBLAS, which declines single-column products (`n < 2`), or else ggml's `ggml_vec_dot_f16`.
+/// Both chain FMAs per lane (lane r takes elements r, r + lanes, …) but with different lane
+/// counts and horizontal sums, so the last bits of every score depend on which one runs.
+#[derive(Clone, Copy)]
+enum F16Dot {
+    /// tinyBLAS: 8 lanes, ggml's `hsum` order.
+    TinyBlas,
+    /// `ggml_vec_dot_f16`: four 8-lane accumulators over steps of 32, i.e. 32 lanes.
+    VecDot,
+}
+
+impl F16Dot {
+    const MAX_LANES: usize = 32;
+
+    /// The kernel for a llama.cpp batch of `tokens` tokens (one query column per token).
+    fn for_tokens(tokens: usize) -> F16Dot {
+        if tokens < 2 {
+            F16Dot::VecDot
+        } else {
+            F16Dot::TinyBlas
         }
     }
-    ops::hsum8(&lanes)
+
+    fn lanes(self) -> usize {
+        match self {
+            F16Dot::TinyBlas => 8,
+            F16Dot::VecDot => 32,
+        }
+    }
+
+    /// The horizontal sum of lanes `lane(0..self.lanes())`.
+    #[inline]
+    fn reduce(self, lane: impl Fn(usize) -> f32) -> f32 {
+        match self {
+            F16Dot::TinyBlas => ops::hsum8(&std::array::from_fn(lane)),
+            F16Dot::VecDot => ops::hsum32_f16_vec(&std::array::from_fn(lane)),
+        }
+    }
+
+    /// `q · k`, on values already rounded to f16.
+    fn dot(self, q: &[f32], k: &[f16]) -> f32 {
+        let mut lanes = [0f32; F16Dot::MAX_LANES];
+        let n = self.lanes();
+        let (qs, ks) = (q.chunks_exact(n), k.chunks_exact(n));
+        let (q_tail, k_tail) = (qs.remainder(), ks.remainder());
+        for (qc, kc) in qs.zip(ks) {
+            for r in 0..n {
+                lanes[r] = qc[r].mul_add(kc[r].to_f32(), lanes[r]);
+            }
+        }
+        // Heads of a multiple of 32 (every supported model) have no tail; ggml adds one in f64.
+        let tail: f64 = q_tail
+            .iter()
+            .zip(k_tail)
+            .map(|(&q, k)| f64::from(q * k.to_f32()))
+            .sum();
+        (f64::from(self.reduce(|r| lanes[r])) + tail) as f32
+    }
 }

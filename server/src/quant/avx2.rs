@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::blocks::*;
-use super::MatmulPath;
+use super::DotOrder;
 
 /// Horizontal sum of eight f32 lanes.
 #[inline(always)]
@@ -38,12 +38,12 @@ unsafe fn hsum_i32x4(v: __m128i) -> i32 {
 }
 
 #[inline(always)]
-unsafe fn load256(p: *const u8) -> __m256i {
+pub(super) unsafe fn load256(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p.cast())
 }
 
 #[inline(always)]
-unsafe fn load128(p: *const u8) -> __m128i {
+pub(super) unsafe fn load128(p: *const u8) -> __m128i {
     _mm_loadu_si128(p.cast())
 }
 
@@ -55,7 +55,7 @@ unsafe fn mul_i8_pairs(w: __m256i, a: __m256i) -> __m256i {
 
 /// Eight i32 sums of four products each of signed bytes `w` and `a`.
 #[inline(always)]
-unsafe fn dot_i8_quads(w: __m256i, a: __m256i) -> __m256i {
+pub(super) unsafe fn dot_i8_quads(w: __m256i, a: __m256i) -> __m256i {
     _mm256_madd_epi16(mul_i8_pairs(w, a), _mm256_set1_epi16(1))
 }
 
@@ -85,7 +85,7 @@ unsafe fn bytes_from_bits_32(bits: u32) -> __m256i {
 }
 
 /// A 32-value block whose quants unpack to signed bytes, dotted against Q8_0.
-trait SignedBlock32: Block {
+pub(super) trait SignedBlock32: Block {
     fn d(&self) -> [u8; 2];
     /// The 32 quants as signed bytes, in element order.
     unsafe fn quants(&self) -> __m256i;
@@ -247,23 +247,35 @@ unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
 /// `Σ_s scale_s · (q·a)_s` over a super-block whose quants are unsigned bytes < 64, for Q4_K and
 /// Q5_K: `chunk(c)` gives the 64 quants of chunk c as (values 0..32, values 32..64).
 #[inline(always)]
-unsafe fn k4_scaled_sum(
+pub(super) unsafe fn k4_scaled_sum(
     scales: __m256i,
     a: &BlockQ8K,
     chunk: impl Fn(usize) -> (__m256i, __m256i),
 ) -> __m256i {
     let mut sumi = _mm256_setzero_si256();
     for c in 0..4 {
-        let (lo, hi) = chunk(c);
-        let a_lo = load256(a.qs.as_ptr().add(64 * c).cast());
-        let a_hi = load256(a.qs.as_ptr().add(64 * c + 32).cast());
-        let sc_lo = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16));
-        let sc_hi = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16 + 1));
-        let p_lo = _mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, a_lo));
-        let p_hi = _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, a_hi));
-        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+        sumi = _mm256_add_epi32(sumi, k4_chunk_sum(scales, a, c, chunk(c)));
     }
     sumi
+}
+
+/// `scale_2c·(q·a)_2c + scale_2c+1·(q·a)_2c+1` as eight i32 partial sums: chunk c (64 values)
+/// of a super-block whose quants are unsigned bytes < 64, given as (values 0..32, 32..64), with
+/// `scales` as in [`k4_scaled_sum`].
+#[inline(always)]
+pub(super) unsafe fn k4_chunk_sum(
+    scales: __m256i,
+    a: &BlockQ8K,
+    c: usize,
+    (lo, hi): (__m256i, __m256i),
+) -> __m256i {
+    let a_lo = load256(a.qs.as_ptr().add(64 * c).cast());
+    let a_hi = load256(a.qs.as_ptr().add(64 * c + 32).cast());
+    let sc_lo = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16));
+    let sc_hi = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16 + 1));
+    let p_lo = _mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, a_lo));
+    let p_hi = _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, a_hi));
+    _mm256_add_epi32(p_lo, p_hi)
 }
 
 /// How a Q4_K/Q5_K super-block's min term, `-dmin·d_a·Σ min_s·(bsum_2s + bsum_2s+1)`, is summed.
@@ -412,36 +424,44 @@ unsafe fn dot_vec_lanes<B>(
 unsafe fn dot_k<B>(
     w: &[B],
     a: &[BlockQ8K],
-    path: MatmulPath,
+    order: DotOrder,
     d: impl Fn(&B) -> [u8; 2],
     sumi: impl Fn(&B, &BlockQ8K) -> __m256i,
 ) -> f32 {
-    match path {
-        MatmulPath::VecDot => dot_vec_lanes(w, a, d, sumi),
-        MatmulPath::Tiled => dot_tiled(w, a, |b, y| f16_to_f32(d(b)) * hsum_i32(sumi(b, y)) as f32),
+    match order {
+        DotOrder::Tiled => dot_tiled(w, a, |b, y| f16_to_f32(d(b)) * hsum_i32(sumi(b, y)) as f32),
+        _ => dot_vec_lanes(w, a, d, sumi),
     }
 }
 
-pub fn q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+pub fn q4_k_q8_k(w: &[BlockQ4K], a: &[BlockQ8K], order: DotOrder) -> f32 {
+    fn fields(b: &BlockQ4K) -> ([u8; 2], [u8; 2], &[u8; 12]) {
+        (b.d, b.dmin, &b.scales)
+    }
     // SAFETY: as in `q8_0_q8_0`; chunk c reads qs[32c..32c+32] of a 128-byte array (c < 4).
+    let chunk = |b: &BlockQ4K, c: usize| unsafe { q4_k_chunk(b, c) };
+    // SAFETY: as in `q8_0_q8_0`.
     unsafe {
-        dot_k4::<_, LaneMins>(
-            w,
-            a,
-            |b| (b.d, b.dmin, &b.scales),
-            |b, c| {
-                let q = load256(b.qs.as_ptr().add(32 * c));
-                let m4 = _mm256_set1_epi8(0x0F);
-                (
-                    _mm256_and_si256(q, m4),
-                    _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                )
-            },
-        )
+        match order {
+            DotOrder::Tiled => dot_k4_tiled(w, a, fields, chunk),
+            _ => dot_k4::<_, LaneMins>(w, a, fields, chunk),
+        }
     }
 }
 
-pub fn q5_k_q8_k(w: &[BlockQ5K], a: &[BlockQ8K], path: MatmulPath) -> f32 {
+/// The 64 quants of chunk c (< 4) of a Q4_K super-block as (values 0..32, values 32..64): the
+/// low and the high nibbles of qs[32c..32c+32].
+#[inline(always)]
+pub(super) unsafe fn q4_k_chunk(b: &BlockQ4K, c: usize) -> (__m256i, __m256i) {
+    let q = load256(b.qs.as_ptr().add(32 * c));
+    let m4 = _mm256_set1_epi8(0x0F);
+    (
+        _mm256_and_si256(q, m4),
+        _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+    )
+}
+
+pub fn q5_k_q8_k(w: &[BlockQ5K], a: &[BlockQ8K], order: DotOrder) -> f32 {
     fn fields(b: &BlockQ5K) -> ([u8; 2], [u8; 2], &[u8; 12]) {
         (b.d, b.dmin, &b.scales)
     }
@@ -465,9 +485,9 @@ pub fn q5_k_q8_k(w: &[BlockQ5K], a: &[BlockQ8K], path: MatmulPath) -> f32 {
     };
     // SAFETY: as in `q8_0_q8_0`.
     unsafe {
-        match path {
-            MatmulPath::VecDot => dot_k4::<_, ScalarMins>(w, a, fields, chunk),
-            MatmulPath::Tiled => dot_k4_tiled(w, a, fields, chunk),
+        match order {
+            DotOrder::Tiled => dot_k4_tiled(w, a, fields, chunk),
+            _ => dot_k4::<_, ScalarMins>(w, a, fields, chunk),
         }
     }
 }
@@ -513,9 +533,9 @@ unsafe fn q6_k_sumi(b: &BlockQ6K, y: &BlockQ8K) -> __m256i {
     sumi
 }
 
-pub fn q6_k_q8_k(w: &[BlockQ6K], a: &[BlockQ8K], path: MatmulPath) -> f32 {
+pub fn q6_k_q8_k(w: &[BlockQ6K], a: &[BlockQ8K], order: DotOrder) -> f32 {
     // SAFETY: as in `q8_0_q8_0`; half h reads ql[64h..64h+64] and qh[32h..32h+32].
-    unsafe { dot_k(w, a, path, |b| b.d, |b, y| q6_k_sumi(b, y)) }
+    unsafe { dot_k(w, a, order, |b| b.d, |b, y| q6_k_sumi(b, y)) }
 }
 
 /// An IQ4_XS super-block's `Σ_s (ls_s-32)·(v·a)_s` in ggml's eight vec_dot lanes (even and odd
@@ -533,9 +553,9 @@ unsafe fn iq4_xs_sumi(b: &BlockIq4Xs, y: &BlockQ8K) -> __m256i {
     sumi
 }
 
-pub fn iq4_xs_q8_k(w: &[BlockIq4Xs], a: &[BlockQ8K], path: MatmulPath) -> f32 {
+pub fn iq4_xs_q8_k(w: &[BlockIq4Xs], a: &[BlockQ8K], order: DotOrder) -> f32 {
     // SAFETY: as in `q8_0_q8_0`; sub-block s reads qs[16s..16s+16] (s < 8).
-    unsafe { dot_k(w, a, path, |b| b.d, |b, y| iq4_xs_sumi(b, y)) }
+    unsafe { dot_k(w, a, order, |b| b.d, |b, y| iq4_xs_sumi(b, y)) }
 }
 
 /// Float dot product, 32 values per iteration into four accumulators; `load8` converts eight

@@ -11,6 +11,13 @@
     target_feature = "f16c"
 ))]
 mod avx2;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod avx2_repacked;
 mod blocks;
 mod quantize;
 pub mod reference;
@@ -19,27 +26,6 @@ mod tests;
 mod types;
 
 pub use types::GgmlType;
-
-/// Which of llama.cpp's two CPU matmul paths a product reproduces. For Q5_K, Q6_K and IQ4_XS
-/// weights it takes ggml's tiled kernel (ggml-cpu/tiled) when the matmul has at least 8
-/// activation rows and `vec_dot` otherwise; the two sum super-blocks in different float orders,
-/// so each gives different last bits. Other types have one order and ignore this.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatmulPath {
-    VecDot,
-    Tiled,
-}
-
-impl MatmulPath {
-    /// The path llama.cpp takes for a matmul over `rows` activation rows (`ggml_tiled_min_batch`).
-    pub fn for_rows(rows: usize) -> MatmulPath {
-        if rows >= 8 {
-            MatmulPath::Tiled
-        } else {
-            MatmulPath::VecDot
-        }
-    }
-}
 
 /// The format activations are converted to before they are dotted with weights of type `w`
 /// (ggml's `type_traits_cpu[w].vec_dot_type`).
@@ -51,6 +37,46 @@ pub fn vec_dot_type(w: GgmlType) -> GgmlType {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS | GgmlType::Q8_K => {
             GgmlType::Q8_K
+        }
+    }
+}
+
+/// Which of llama.cpp's kernel families computes a matmul's products. They sum in different
+/// float orders, and a last-bit difference in one layer moves the next layer's quantisation, so
+/// parity needs the family llama.cpp picks for every matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DotOrder {
+    /// The row-by-row `ggml_vec_dot_*` kernels.
+    VecDot,
+    /// ggml's tiled K-quant matmul (ggml-cpu/tiled): per super-block `d_w·Σ` then one scalar FMA
+    /// by `d_a`, super-block after super-block.
+    Tiled,
+    /// The CPU_REPACK buffer's `ggml_gemv_*_8x8` (single activation rows) and `ggml_gemm_*_8x8`
+    /// (groups of 4) kernels; see `avx2_repacked`.
+    Repacked,
+}
+
+impl DotOrder {
+    /// The family llama.cpp on AVX2 uses for a `w` matrix of `rows` outputs multiplied by
+    /// `act_rows` activation rows at once:
+    /// - Q4_0, Q4_K and IQ4_NL matrices whose rows come in whole groups of 8 are repacked
+    ///   (`ggml_repack_get_optimal_repack_type`, ggml/src/ggml-cpu/repack.cpp). That includes an
+    ///   output matrix tied to the embedding: llama.cpp loads the tie as a separate, repackable
+    ///   copy (TENSOR_DUPLICATED), while the embedding itself (read by GET_ROWS) is not.
+    /// - Other K-quant matmuls over at least 8 activation rows take the tiled kernel
+    ///   (`ggml_tiled_min_batch`).
+    /// - Everything else goes row by row through vec_dot.
+    pub fn of(w: GgmlType, rows: usize, act_rows: usize) -> DotOrder {
+        match w {
+            GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::IQ4_NL if rows % 8 == 0 => {
+                DotOrder::Repacked
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
+                if act_rows >= 8 =>
+            {
+                DotOrder::Tiled
+            }
+            _ => DotOrder::VecDot,
         }
     }
 }
@@ -73,20 +99,20 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
 }
 
 /// Dot product of one weight row of type `w` (n values) with an activation row already in
-/// `vec_dot_type(w)`, in the float order of llama.cpp's `path`. Uses the AVX2 kernel.
+/// `vec_dot_type(w)`, in the float order `order`. Uses the AVX2 kernel.
 ///
 /// Panics when either row does not hold exactly `n` values (a caller bug).
 #[inline]
-pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], path: MatmulPath) -> f32 {
+pub fn vec_dot(w: GgmlType, order: DotOrder, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
     check_row_len("vec_dot (weights)", w, n, w_row.len());
     check_row_len("vec_dot (activations)", vec_dot_type(w), n, act.len());
-    simd_vec_dot(w, w_row, act, path)
+    simd_dot(w, order, w_row, act)
 }
 
 /// Dots each of the consecutive weight rows in `rows` (type `w`, `n` values each) with one
-/// activation row, writing `out[i]` for row i, in the float order of llama.cpp's `path`. The hot
-/// loop of every matmul: lengths are checked once per call, not per row.
-pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32], path: MatmulPath) {
+/// activation row, writing `out[i]` for row i, in the float order `order` (a single-row gemv
+/// when repacked). The hot loop of every matmul: lengths are checked once per call, not per row.
+pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
     let row_bytes = w
         .row_bytes(n)
         .filter(|&b| b > 0 && rows.len() == b * out.len());
@@ -98,22 +124,23 @@ pub fn dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32],
         );
     };
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
-    // `simd_vec_dot` is inlined, so its type match is resolved outside this loop.
+    // `simd_dot` is inlined, so its match is resolved outside this loop.
     for (row, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
-        *o = simd_vec_dot(w, row, act, path);
+        *o = simd_dot(w, order, row, act);
     }
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`. Types with a
-/// four-row kernel (Q8_0, Q4_0, Q5_0: the weight unpacking is shared) use it; the rest loop.
-/// Results are bit-identical to four [`dot_rows`] calls.
+/// four-row kernel (the weight unpacking is shared) use it; the rest loop. In the vec_dot order
+/// results are bit-identical to four [`dot_rows`] calls; repacked, they follow llama.cpp's gemm,
+/// which for Q4_K sums in another order than its gemv.
 pub fn dot_rows_x4(
     w: GgmlType,
+    order: DotOrder,
     n: usize,
     rows: &[u8],
     acts: [&[u8]; 4],
     outs: [&mut [f32]; 4],
-    path: MatmulPath,
 ) {
     #[cfg(all(
         target_arch = "x86_64",
@@ -123,16 +150,20 @@ pub fn dot_rows_x4(
     ))]
     {
         type Kernel = fn(&[u8], [&[u8]; 4]) -> [f32; 4];
-        let kernel: Option<Kernel> = match w {
-            GgmlType::Q8_0 => {
-                Some(|r, a| avx2::q8_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+        use blocks::blocks as b;
+        let kernel: Option<Kernel> = match (order, w) {
+            (DotOrder::Repacked, GgmlType::Q4_0) => {
+                Some(|r, a| avx2_repacked::q4_0_q8_0_x4(b(r), a.map(b)))
             }
-            GgmlType::Q4_0 => {
-                Some(|r, a| avx2::q4_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+            (DotOrder::Repacked, GgmlType::IQ4_NL) => {
+                Some(|r, a| avx2_repacked::iq4_nl_q8_0_x4(b(r), a.map(b)))
             }
-            GgmlType::Q5_0 => {
-                Some(|r, a| avx2::q5_0_q8_0_x4(blocks::blocks(r), a.map(blocks::blocks)))
+            (DotOrder::Repacked, GgmlType::Q4_K) => {
+                Some(|r, a| avx2_repacked::q4_k_q8_k_x4(b(r), a.map(b)))
             }
+            (_, GgmlType::Q8_0) => Some(|r, a| avx2::q8_0_q8_0_x4(b(r), a.map(b))),
+            (_, GgmlType::Q4_0) => Some(|r, a| avx2::q4_0_q8_0_x4(b(r), a.map(b))),
+            (_, GgmlType::Q5_0) => Some(|r, a| avx2::q5_0_q8_0_x4(b(r), a.map(b))),
             _ => None,
         };
         if let Some(kernel) = kernel {
@@ -157,7 +188,7 @@ pub fn dot_rows_x4(
         }
     }
     for (a, o) in acts.into_iter().zip(outs) {
-        dot_rows(w, n, rows, a, o, path);
+        dot_rows(w, order, n, rows, a, o);
     }
 }
 
@@ -179,10 +210,31 @@ fn check_row_len(what: &str, ty: GgmlType, n: usize, bytes: usize) {
     );
 }
 
-/// The SIMD kernel for `w`, rows already checked. Compiled for x86-64-v3 (the workspace's target);
-/// elsewhere the scalar reference stands in.
+/// [`simd_vec_dot`], or the repacked kernel when `order` asks for one and `w` has it.
 #[inline(always)]
-fn simd_vec_dot(w: GgmlType, w_row: &[u8], act: &[u8], path: MatmulPath) -> f32 {
+fn simd_dot(w: GgmlType, order: DotOrder, w_row: &[u8], act: &[u8]) -> f32 {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    if order == DotOrder::Repacked {
+        use blocks::blocks as b;
+        match w {
+            GgmlType::Q4_0 => return avx2_repacked::q4_0_q8_0(b(w_row), b(act)),
+            GgmlType::IQ4_NL => return avx2_repacked::iq4_nl_q8_0(b(w_row), b(act)),
+            GgmlType::Q4_K => return avx2_repacked::q4_k_q8_k(b(w_row), b(act)),
+            _ => {}
+        }
+    }
+    simd_vec_dot(w, order, w_row, act)
+}
+
+/// The SIMD vec_dot or tiled kernel for `w`, rows already checked. Compiled for x86-64-v3 (the
+/// workspace's target); elsewhere the scalar reference stands in.
+#[inline(always)]
+fn simd_vec_dot(w: GgmlType, order: DotOrder, w_row: &[u8], act: &[u8]) -> f32 {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -199,10 +251,10 @@ fn simd_vec_dot(w: GgmlType, w_row: &[u8], act: &[u8], path: MatmulPath) -> f32 
             GgmlType::Q4_0 => avx2::q4_0_q8_0(b(w_row), b(act)),
             GgmlType::Q5_0 => avx2::q5_0_q8_0(b(w_row), b(act)),
             GgmlType::IQ4_NL => avx2::iq4_nl_q8_0(b(w_row), b(act)),
-            GgmlType::Q4_K => avx2::q4_k_q8_k(b(w_row), b(act)),
-            GgmlType::Q5_K => avx2::q5_k_q8_k(b(w_row), b(act), path),
-            GgmlType::Q6_K => avx2::q6_k_q8_k(b(w_row), b(act), path),
-            GgmlType::IQ4_XS => avx2::iq4_xs_q8_k(b(w_row), b(act), path),
+            GgmlType::Q4_K => avx2::q4_k_q8_k(b(w_row), b(act), order),
+            GgmlType::Q5_K => avx2::q5_k_q8_k(b(w_row), b(act), order),
+            GgmlType::Q6_K => avx2::q6_k_q8_k(b(w_row), b(act), order),
+            GgmlType::IQ4_XS => avx2::iq4_xs_q8_k(b(w_row), b(act), order),
             // Activation-only format: never a weight of a model we load.
             GgmlType::Q8_K => reference::vec_dot(w, w_row, act),
         }
@@ -214,7 +266,7 @@ fn simd_vec_dot(w: GgmlType, w_row: &[u8], act: &[u8], path: MatmulPath) -> f32 
         target_feature = "f16c"
     )))]
     {
-        let _ = path; // the reference has one order; only the AVX2 kernels reproduce both
+        let _ = order; // the reference has one order; only the AVX2 kernels reproduce the others
         reference::vec_dot(w, w_row, act)
     }
 }

@@ -5,7 +5,7 @@
 use half::f16;
 use proptest::prelude::*;
 
-use super::blocks::{BlockQ8K, BlockQ8_0};
+use super::blocks::{blocks, scales_mins_k4, BlockIq4Nl, BlockQ4K, BlockQ4_0, BlockQ8K, BlockQ8_0};
 use super::*;
 
 /// Weight types with a SIMD kernel.
@@ -119,11 +119,11 @@ proptest! {
         for (w, n, w_row, act) in cases(seed, blocks) {
             let scalar = reference::vec_dot(w, &w_row, &act);
             let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
-            for path in [MatmulPath::VecDot, MatmulPath::Tiled] {
-                let simd = vec_dot(w, n, &w_row, &act, path);
+            for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked] {
+                let simd = vec_dot(w, order, n, &w_row, &act);
                 prop_assert!(
                     ((simd - scalar) as f64).abs() <= tol,
-                    "{w}, n={n}, {path:?}: simd {simd} vs reference {scalar} (tolerance {tol})"
+                    "{w}, n={n}, {order:?}: simd {simd} vs reference {scalar} (tolerance {tol})"
                 );
             }
         }
@@ -152,17 +152,49 @@ proptest! {
             let all_rows = rows.concat();
             let acts: Vec<Vec<u8>> =
                 (0..4).map(|_| quantized(vec_dot_type(w), &random_activations(n, &mut rng))).collect();
-            for path in [MatmulPath::VecDot, MatmulPath::Tiled] {
+            for order in [DotOrder::VecDot, DotOrder::Tiled] {
                 let mut single = [0f32; 3];
-                dot_rows(w, n, &all_rows, &acts[0], &mut single, path);
+                dot_rows(w, order, n, &all_rows, &acts[0], &mut single);
                 let mut outs = [[0f32; 3]; 4];
                 let [o0, o1, o2, o3] = &mut outs;
-                dot_rows_x4(w, n, &all_rows, [&acts[0], &acts[1], &acts[2], &acts[3]], [o0, o1, o2, o3], path);
+                let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+                dot_rows_x4(w, order, n, &all_rows, acts4, [o0, o1, o2, o3]);
                 for (r, row) in rows.iter().enumerate() {
-                    prop_assert_eq!(single[r].to_bits(), vec_dot(w, n, row, &acts[0], path).to_bits());
+                    prop_assert_eq!(single[r].to_bits(), vec_dot(w, order, n, row, &acts[0]).to_bits());
                     for (k, act) in acts.iter().enumerate() {
-                        prop_assert_eq!(outs[k][r].to_bits(), vec_dot(w, n, row, act, path).to_bits(), "{} row {} act {} {:?}", w, r, k, path);
+                        prop_assert_eq!(outs[k][r].to_bits(), vec_dot(w, order, n, row, act).to_bits(), "{} row {} act {} {:?}", w, r, k, order);
                     }
+                }
+            }
+        }
+    }
+
+    /// The repacked kernels sum exactly as llama.cpp's gemv (one activation row) and gemm (four)
+    /// do, and still compute the dot product.
+    #[test]
+    fn repacked_kernels_follow_llama_cpp_gemv_and_gemm_bit_for_bit(seed in any::<u64>()) {
+        let mut rng = Rng(seed);
+        for w in [GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q4_K] {
+            let n = 512;
+            let rows: Vec<Vec<u8>> = (0..3).map(|_| random_weights(w, n, &mut rng)).collect();
+            let all_rows = rows.concat();
+            let acts: Vec<Vec<u8>> =
+                (0..4).map(|_| quantized(vec_dot_type(w), &random_activations(n, &mut rng))).collect();
+            let mut single = [0f32; 3];
+            dot_rows(w, DotOrder::Repacked, n, &all_rows, &acts[0], &mut single);
+            let mut outs = [[0f32; 3]; 4];
+            let [o0, o1, o2, o3] = &mut outs;
+            let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+            dot_rows_x4(w, DotOrder::Repacked, n, &all_rows, acts4, [o0, o1, o2, o3]);
+            for (r, row) in rows.iter().enumerate() {
+                let gemv = repacked_spec(w, row, &acts[0], false);
+                prop_assert_eq!(single[r].to_bits(), gemv.to_bits(), "{} row {} gemv", w, r);
+                for (k, act) in acts.iter().enumerate() {
+                    let gemm = repacked_spec(w, row, act, true);
+                    prop_assert_eq!(outs[k][r].to_bits(), gemm.to_bits(), "{} row {} act {}", w, r, k);
+                    let scalar = reference::vec_dot(w, row, act);
+                    let tol = 1e-5 * abs_product_sum(w, row, act, n) + 1e-6;
+                    prop_assert!(((gemm - scalar) as f64).abs() <= tol, "{w}: {gemm} vs reference {scalar}");
                 }
             }
         }
@@ -174,8 +206,8 @@ proptest! {
         for (w, n, w_row, act) in cases(seed, 2) {
             let mut buf = vec![0u8; shift + w_row.len()];
             buf[shift..].copy_from_slice(&w_row);
-            let path = MatmulPath::VecDot;
-            prop_assert_eq!(vec_dot(w, n, &buf[shift..], &act, path).to_bits(), vec_dot(w, n, &w_row, &act, path).to_bits());
+            let order = DotOrder::VecDot;
+            prop_assert_eq!(vec_dot(w, order, n, &buf[shift..], &act).to_bits(), vec_dot(w, order, n, &w_row, &act).to_bits());
         }
     }
 
@@ -202,6 +234,68 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+/// llama.cpp's repacked kernels written out for one output (`gemv_q4_b32_8x8_q8_0_lut_avx`,
+/// `ggml_gemv_q4_K_8x8_q8_K` and their gemm twins in ggml-cpu/arch/x86/repack.cpp): integer sums
+/// scaled by d_w·d_a into one scalar FMA chain, per 32-value block; for Q4_K per super-block in
+/// the gemv and per 64-value chunk in the gemm, with the mins in a second chain subtracted last.
+fn repacked_spec(w: GgmlType, w_row: &[u8], act: &[u8], gemm: bool) -> f32 {
+    let fma = |sumi: i32, d_w: f32, d_a: f32, acc: f32| (sumi as f32).mul_add(d_w * d_a, acc);
+    let f16 = |bits: [u8; 2]| f16::from_le_bytes(bits).to_f32();
+    let a_blocks = || blocks::<BlockQ8_0>(act).iter();
+    let chain32 = |weights: Vec<([u8; 2], [i8; 32])>| {
+        weights
+            .iter()
+            .zip(a_blocks())
+            .fold(0.0, |acc, ((d, q), a)| {
+                let sumi = q
+                    .iter()
+                    .zip(&a.qs)
+                    .map(|(&q, &a)| q as i32 * a as i32)
+                    .sum();
+                fma(sumi, f16(*d), f16(a.d), acc)
+            })
+    };
+    match w {
+        GgmlType::Q4_0 => chain32(
+            blocks::<BlockQ4_0>(w_row)
+                .iter()
+                .map(|b| (b.d, reference::q4_0_values(b)))
+                .collect(),
+        ),
+        GgmlType::IQ4_NL => chain32(
+            blocks::<BlockIq4Nl>(w_row)
+                .iter()
+                .map(|b| (b.d, reference::iq4_nl_values(b)))
+                .collect(),
+        ),
+        GgmlType::Q4_K => {
+            let (mut acc, mut acc_min) = (0.0, 0.0);
+            for (b, y) in blocks::<BlockQ4K>(w_row)
+                .iter()
+                .zip(blocks::<BlockQ8K>(act))
+            {
+                let q = reference::q4_k_values(b);
+                let sm = scales_mins_k4(&b.scales);
+                let scaled = |s: usize| {
+                    let dot: i32 = (32 * s..32 * s + 32)
+                        .map(|i| q[i] as i32 * y.qs[i] as i32)
+                        .sum();
+                    sm[s] as i32 * dot
+                };
+                let min = |s: usize| sm[8 + s] as i32 * (y.bsum(2 * s) + y.bsum(2 * s + 1));
+                // Sub-blocks per FMA: a 64-value chunk in the gemm, the super-block in the gemv.
+                let per_fma = if gemm { 2 } else { 8 };
+                for g in (0..8).step_by(per_fma).map(|s| s..s + per_fma) {
+                    acc = fma(g.clone().map(scaled).sum(), f16(b.d), y.d(), acc);
+                    acc_min = fma(g.map(min).sum(), f16(b.dmin), y.d(), acc_min);
+                }
+            }
+            acc - acc_min
+        }
+        _ => unreachable!("{w} is not repacked"),
     }
 }
 
@@ -331,11 +425,5 @@ fn bf16_conversion_matches_ggml() {
 #[test]
 #[should_panic(expected = "is not a q8_0 row of 64 values")]
 fn wrong_row_length_names_type_and_count() {
-    vec_dot(
-        GgmlType::Q8_0,
-        64,
-        &[0u8; 34],
-        &[0u8; 68],
-        MatmulPath::VecDot,
-    );
+    vec_dot(GgmlType::Q8_0, DotOrder::VecDot, 64, &[0u8; 34], &[0u8; 68]);
 }
