@@ -57,7 +57,7 @@ fn cases() -> Vec<Case> {
             r#"api_cidrs = ["0.0.0.0/0", "::/0"]"#,
             r#"api_cidrs = ["2001:db8::/32"]"#,
         ),
-        ("watchdog_sec = 60", "watchdog_sec = 0"),
+        ("watchdog_sec = 120", "watchdog_sec = 0"),
         ("prefer = [", "prefer = [] # ["),
         ("api_port = 8080", "api_port = 11434"),
         ("\"vm.swappiness\" = 10", "\"vm.swappiness\" = 5"),

@@ -38,7 +38,8 @@ fn sysctl_conf() {
     assert_eq!(
         rendered("/etc/sysctl.d/90-llm-appliance.conf").contents,
         format!(
-            "{HEADER}\nkernel.panic = 10\nvm.max_map_count = 262144\nvm.min_free_kbytes = 16384\n\
+            "{HEADER}\nkernel.panic = 10\nvm.compaction_proactiveness = 0\nvm.max_map_count = 262144\n\
+             vm.min_free_kbytes = 16384\n\
              vm.overcommit_memory = 0\n\
              vm.page-cluster = 0\nvm.swappiness = 10\nvm.vfs_cache_pressure = 50\n"
         )
@@ -95,7 +96,7 @@ fn server_unit() {
             "RestartPreventExitStatus=3",
             "StartLimitIntervalSec=0",
             "TimeoutStartSec=600",
-            "WatchdogSec=60",
+            "WatchdogSec=120",
             "OOMScoreAdjust=-900",
             "MemoryMin=256M",
             "MemoryLow=448M",
