@@ -28,7 +28,8 @@ pub fn run(ssh: &Ssh, api: SocketAddr) -> Result<String> {
          sleep 3
          echo '## earlyoom'; journalctl -u earlyoom --since @$since -o cat
          echo '## kernel'; journalctl -k --since @$since -o cat | grep -iE 'out of memory|oom-kill|oom_reaper|killed process' || true
-         echo '## after'; systemctl show llm-server -p NRestarts,MainPID,ActiveState"
+         echo '## after'; systemctl show llm-server -p NRestarts,MainPID,ActiveState
+         echo '## server'; journalctl -u llm-server --since @$since -o cat | tail -n 15"
     ))?;
     let parts = sections(&out);
     let before = properties(section(&parts, "before")?);
@@ -65,7 +66,9 @@ pub fn run(ssh: &Ssh, api: SocketAddr) -> Result<String> {
         || after.get("ActiveState") != Some(&"active")
     {
         problems.push(format!(
-            "llm-server did not stay up: before {before:?}, after {after:?}"
+            "llm-server did not stay up: before {before:?}, after {after:?}; its journal since \
+             the hog started:\n{}",
+            section(&parts, "server")?.trim_end()
         ));
     }
     if !problems.is_empty() {
