@@ -574,21 +574,37 @@ impl F16Dot {
 
     /// `q · k`, on values already rounded to f16.
     fn dot(self, q: &[f32], k: &[f16]) -> f32 {
-        let mut lanes = [0f32; F16Dot::MAX_LANES];
-        let n = self.lanes();
-        let (qs, ks) = (q.chunks_exact(n), k.chunks_exact(n));
-        let (q_tail, k_tail) = (qs.remainder(), ks.remainder());
-        for (qc, kc) in qs.zip(ks) {
-            for r in 0..n {
-                lanes[r] = qc[r].mul_add(kc[r].to_f32(), lanes[r]);
+        // A constant lane count per kernel, so each chain compiles to vector FMAs.
+        let (sum, tail) = match self {
+            F16Dot::TinyBlas => {
+                let (lanes, tail) = lane_sums::<8>(q, k);
+                (self.reduce(|r| lanes[r]), tail)
             }
-        }
+            F16Dot::VecDot => {
+                let (lanes, tail) = lane_sums::<32>(q, k);
+                (self.reduce(|r| lanes[r]), tail)
+            }
+        };
         // Heads of a multiple of 32 (every supported model) have no tail; ggml adds one in f64.
-        let tail: f64 = q_tail
-            .iter()
-            .zip(k_tail)
-            .map(|(&q, k)| f64::from(q * k.to_f32()))
-            .sum();
-        (f64::from(self.reduce(|r| lanes[r])) + tail) as f32
+        (f64::from(sum) + tail) as f32
     }
+}
+
+/// FMA chains of `q · k` in N lanes (lane r takes elements r, r + N, …), and the products of the
+/// elements past the last whole group of N summed in f64.
+fn lane_sums<const N: usize>(q: &[f32], k: &[f16]) -> ([f32; N], f64) {
+    let mut lanes = [0f32; N];
+    let (qs, ks) = (q.chunks_exact(N), k.chunks_exact(N));
+    let tail = qs
+        .remainder()
+        .iter()
+        .zip(ks.remainder())
+        .map(|(&q, k)| f64::from(q * k.to_f32()))
+        .sum();
+    for (qc, kc) in qs.zip(ks) {
+        for r in 0..N {
+            lanes[r] = qc[r].mul_add(kc[r].to_f32(), lanes[r]);
+        }
+    }
+    (lanes, tail)
 }
