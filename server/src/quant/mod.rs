@@ -125,9 +125,34 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
     };
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
     // `simd_dot` is inlined, so its match is resolved outside this loop.
-    for (row, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
+    for (i, (row, o)) in rows.chunks_exact(row_bytes).zip(out.iter_mut()).enumerate() {
+        if let Some(ahead) =
+            rows.get((i + PREFETCH_ROWS) * row_bytes..(i + PREFETCH_ROWS + 1) * row_bytes)
+        {
+            prefetch(ahead);
+        }
         *o = simd_dot(w, order, row, act);
     }
+}
+
+/// How far ahead [`dot_rows`] asks for weight rows. Decode streams every weight from memory once
+/// per token; requesting the row two ahead keeps more loads in flight than the hardware
+/// prefetcher alone (measured on the default model, 1 thread, alternating runs: decode +7 to +24 %,
+/// median +11 %).
+const PREFETCH_ROWS: usize = 2;
+
+/// Asks the CPU to start loading `bytes` into cache, one request per 64-byte line.
+#[inline(always)]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch only hints the cache and never faults; the address is in bounds.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(line.as_ptr().cast(), std::arch::x86_64::_MM_HINT_T0)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`. Types with a
