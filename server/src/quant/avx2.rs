@@ -24,15 +24,16 @@ unsafe fn hsum(v: __m256) -> f32 {
 
 /// Sum of eight i32 lanes (exact: integer order does not matter).
 #[inline(always)]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
+    hsum_i32_128(_mm_add_epi32(
+        _mm256_castsi256_si128(v),
+        _mm256_extracti128_si256(v, 1),
+    ))
 }
 
 /// Sum of four i32 lanes.
 #[inline(always)]
-unsafe fn hsum_i32x4(v: __m128i) -> i32 {
+pub(super) unsafe fn hsum_i32_128(v: __m128i) -> i32 {
     let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
 }
@@ -321,7 +322,7 @@ impl MinTerm for ScalarMins {
 
     #[inline(always)]
     unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i) {
-        self.0 = neg_dmin.mul_add(hsum_i32x4(mins) as f32, self.0);
+        self.0 = neg_dmin.mul_add(hsum_i32_128(mins) as f32, self.0);
     }
 
     #[inline(always)]
@@ -385,7 +386,7 @@ unsafe fn dot_k4_tiled<B: Block>(
         let (d, dmin, packed) = fields(b);
         let (sumi, mins) = k4_parts(packed, y, |c| chunk(b, c));
         let scaled = f16_to_f32(d) * hsum_i32(sumi) as f32;
-        (-f16_to_f32(dmin)).mul_add(hsum_i32x4(mins) as f32, scaled)
+        (-f16_to_f32(dmin)).mul_add(hsum_i32_128(mins) as f32, scaled)
     })
 }
 

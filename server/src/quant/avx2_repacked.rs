@@ -18,25 +18,10 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    dot_i8_quads, k4_chunk_sum, k4_scaled_sum, load128, load256, q4_k_chunk, SignedBlock32,
+    dot_i8_quads, hsum_i32, hsum_i32_128, k4_chunk_sum, k4_scaled_sum, load128, load256,
+    q4_k_chunk, SignedBlock32,
 };
 use super::blocks::*;
-
-/// Sum of eight i32 lanes (exact: any order gives the same integer).
-#[inline(always)]
-unsafe fn hsum_i32(v: __m256i) -> i32 {
-    hsum_i32_128(_mm_add_epi32(
-        _mm256_castsi256_si128(v),
-        _mm256_extracti128_si256(v, 1),
-    ))
-}
-
-/// Sum of four i32 lanes.
-#[inline(always)]
-unsafe fn hsum_i32_128(v: __m128i) -> i32 {
-    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
-}
 
 /// `acc + sumi·(d_w·d_a)` with one rounding, as the kernels' `_mm256_fmadd_ps(cvt(iacc),
 /// mul(col_scale, row_scale), acc)` does per lane.

@@ -235,7 +235,9 @@ fn check_row_len(what: &str, ty: GgmlType, n: usize, bytes: usize) {
     );
 }
 
-/// [`simd_vec_dot`], or the repacked kernel when `order` asks for one and `w` has it.
+/// The SIMD kernel for `w` in the float order `order`, rows already checked: the repacked
+/// kernel where `order` asks for one, else vec_dot's (which also does the tiled order). Compiled
+/// for x86-64-v3 (the workspace's target); elsewhere the scalar reference stands in.
 #[inline(always)]
 fn simd_dot(w: GgmlType, order: DotOrder, w_row: &[u8], act: &[u8]) -> f32 {
     #[cfg(all(
@@ -244,44 +246,25 @@ fn simd_dot(w: GgmlType, order: DotOrder, w_row: &[u8], act: &[u8]) -> f32 {
         target_feature = "fma",
         target_feature = "f16c"
     ))]
-    if order == DotOrder::Repacked {
-        use blocks::blocks as b;
-        match w {
-            GgmlType::Q4_0 => return avx2_repacked::q4_0_q8_0(b(w_row), b(act)),
-            GgmlType::IQ4_NL => return avx2_repacked::iq4_nl_q8_0(b(w_row), b(act)),
-            GgmlType::Q4_K => return avx2_repacked::q4_k_q8_k(b(w_row), b(act)),
-            _ => {}
-        }
-    }
-    simd_vec_dot(w, order, w_row, act)
-}
-
-/// The SIMD vec_dot or tiled kernel for `w`, rows already checked. Compiled for x86-64-v3 (the
-/// workspace's target); elsewhere the scalar reference stands in.
-#[inline(always)]
-fn simd_vec_dot(w: GgmlType, order: DotOrder, w_row: &[u8], act: &[u8]) -> f32 {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
     {
         use blocks::blocks as b;
-        match w {
-            GgmlType::F32 => avx2::f32_f32(w_row, act),
-            GgmlType::F16 => avx2::f16_f16(w_row, act),
-            GgmlType::BF16 => avx2::bf16_bf16(w_row, act),
-            GgmlType::Q8_0 => avx2::q8_0_q8_0(b(w_row), b(act)),
-            GgmlType::Q4_0 => avx2::q4_0_q8_0(b(w_row), b(act)),
-            GgmlType::Q5_0 => avx2::q5_0_q8_0(b(w_row), b(act)),
-            GgmlType::IQ4_NL => avx2::iq4_nl_q8_0(b(w_row), b(act)),
-            GgmlType::Q4_K => avx2::q4_k_q8_k(b(w_row), b(act), order),
-            GgmlType::Q5_K => avx2::q5_k_q8_k(b(w_row), b(act), order),
-            GgmlType::Q6_K => avx2::q6_k_q8_k(b(w_row), b(act), order),
-            GgmlType::IQ4_XS => avx2::iq4_xs_q8_k(b(w_row), b(act), order),
+        match (order, w) {
+            (DotOrder::Repacked, GgmlType::Q4_0) => avx2_repacked::q4_0_q8_0(b(w_row), b(act)),
+            (DotOrder::Repacked, GgmlType::IQ4_NL) => avx2_repacked::iq4_nl_q8_0(b(w_row), b(act)),
+            (DotOrder::Repacked, GgmlType::Q4_K) => avx2_repacked::q4_k_q8_k(b(w_row), b(act)),
+            (_, GgmlType::F32) => avx2::f32_f32(w_row, act),
+            (_, GgmlType::F16) => avx2::f16_f16(w_row, act),
+            (_, GgmlType::BF16) => avx2::bf16_bf16(w_row, act),
+            (_, GgmlType::Q8_0) => avx2::q8_0_q8_0(b(w_row), b(act)),
+            (_, GgmlType::Q4_0) => avx2::q4_0_q8_0(b(w_row), b(act)),
+            (_, GgmlType::Q5_0) => avx2::q5_0_q8_0(b(w_row), b(act)),
+            (_, GgmlType::IQ4_NL) => avx2::iq4_nl_q8_0(b(w_row), b(act)),
+            (_, GgmlType::Q4_K) => avx2::q4_k_q8_k(b(w_row), b(act), order),
+            (_, GgmlType::Q5_K) => avx2::q5_k_q8_k(b(w_row), b(act), order),
+            (_, GgmlType::Q6_K) => avx2::q6_k_q8_k(b(w_row), b(act), order),
+            (_, GgmlType::IQ4_XS) => avx2::iq4_xs_q8_k(b(w_row), b(act), order),
             // Activation-only format: never a weight of a model we load.
-            GgmlType::Q8_K => reference::vec_dot(w, w_row, act),
+            (_, GgmlType::Q8_K) => reference::vec_dot(w, w_row, act),
         }
     }
     #[cfg(not(all(

@@ -115,7 +115,7 @@ proptest! {
 
     /// 1..=9 blocks covers the 4-way unrolled loop with every remainder.
     #[test]
-    fn simd_vec_dot_equals_reference(seed in any::<u64>(), blocks in 1usize..=9) {
+    fn simd_dot_equals_reference(seed in any::<u64>(), blocks in 1usize..=9) {
         for (w, n, w_row, act) in cases(seed, blocks) {
             let scalar = reference::vec_dot(w, &w_row, &act);
             let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
