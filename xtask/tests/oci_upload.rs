@@ -106,6 +106,20 @@ fn oci_upload(dir: &Scratch, path: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `oci_upload` with the arguments every call needs (compartment, `bucket`, `image`), then `extra`.
+fn upload(dir: &Scratch, path: &Path, bucket: &str, image: &Path, extra: &[&str]) -> Output {
+    let image = image.to_str().unwrap();
+    let args = [
+        "--compartment",
+        COMPARTMENT,
+        "--bucket",
+        bucket,
+        "--image",
+        image,
+    ];
+    oci_upload(dir, path, &[&args[..], extra].concat())
+}
+
 fn words(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_owned).collect()
 }
@@ -116,21 +130,14 @@ fn uploads_imports_and_sets_firmware_and_shape() {
     let bin = fake_oci(&dir);
     configure(&dir);
     let image = image(&dir, "e2-micro.qcow2");
-    let image = image.to_str().unwrap();
-    let out = oci_upload(
+    let out = upload(
         &dir,
         &bin,
-        &[
-            "--compartment",
-            COMPARTMENT,
-            "--bucket",
-            "images",
-            "--image",
-            image,
-            "--region",
-            "eu-frankfurt-1",
-        ],
+        "images",
+        &image,
+        &["--region", "eu-frankfurt-1"],
     );
+    let image = image.to_str().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(
@@ -178,19 +185,12 @@ fn name_sets_object_and_display_name_and_no_region_means_the_configured_one() {
     let bin = fake_oci(&dir);
     configure(&dir);
     let image = image(&dir, "result.qcow2");
-    let out = oci_upload(
+    let out = upload(
         &dir,
         &bin,
-        &[
-            "--compartment",
-            COMPARTMENT,
-            "--bucket",
-            "b",
-            "--image",
-            image.to_str().unwrap(),
-            "--name",
-            "llm-appliance-2026-11-30",
-        ],
+        "b",
+        &image,
+        &["--name", "llm-appliance-2026-11-30"],
     );
     assert!(
         out.status.success(),
@@ -215,18 +215,7 @@ fn a_missing_cli_is_named_with_the_install_command() {
     let empty = dir.path("empty-bin");
     std::fs::create_dir_all(&empty).unwrap();
     let image = image(&dir, "e2-micro.qcow2");
-    let out = oci_upload(
-        &dir,
-        &empty,
-        &[
-            "--compartment",
-            COMPARTMENT,
-            "--bucket",
-            "b",
-            "--image",
-            image.to_str().unwrap(),
-        ],
-    );
+    let out = upload(&dir, &empty, "b", &image, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -240,18 +229,7 @@ fn an_unconfigured_cli_is_refused_before_any_call() {
     let dir = Scratch::new("unconfigured");
     let bin = fake_oci(&dir);
     let image = image(&dir, "e2-micro.qcow2");
-    let out = oci_upload(
-        &dir,
-        &bin,
-        &[
-            "--compartment",
-            COMPARTMENT,
-            "--bucket",
-            "b",
-            "--image",
-            image.to_str().unwrap(),
-        ],
-    );
+    let out = upload(&dir, &bin, "b", &image, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -266,20 +244,7 @@ fn a_missing_or_foreign_image_is_refused_before_the_cli_runs() {
     let dir = Scratch::new("image");
     let bin = fake_oci(&dir);
     configure(&dir);
-    let args = |image: &Path| {
-        oci_upload(
-            &dir,
-            &bin,
-            &[
-                "--compartment",
-                COMPARTMENT,
-                "--bucket",
-                "b",
-                "--image",
-                image.to_str().unwrap(),
-            ],
-        )
-    };
+    let args = |image: &Path| upload(&dir, &bin, "b", image, &[]);
     let out = args(&dir.path("nowhere.qcow2"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
