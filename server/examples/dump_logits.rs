@@ -13,10 +13,12 @@ fn main() {
         eprintln!("usage: dump_logits MODEL ID,ID,...");
         std::process::exit(2);
     };
-    let ids: Vec<u32> = ids
-        .split(',')
-        .map(|s| s.trim().parse().expect("token ids are integers"))
-        .collect();
+    let ids: Vec<u32> = match ids.split(',').map(|s| s.trim().parse()).collect() {
+        Ok(ids) => ids,
+        Err(e) => fail(&format!(
+            "the ids must be comma-separated token numbers ({e}): {ids}"
+        )),
+    };
     let model = Model::load(
         path.as_ref(),
         &LoadOptions {
@@ -24,7 +26,7 @@ fn main() {
             mlock: false,
         },
     )
-    .unwrap_or_else(|e| panic!("{path}: {e}"));
+    .unwrap_or_else(|e| fail(&format!("{path}: {e}")));
     let mut session = model.new_session(ids.len());
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut print = |logits: &[f32]| {
@@ -36,12 +38,17 @@ fn main() {
             print(
                 session
                     .eval(&model, &[id])
-                    .unwrap_or_else(|e| panic!("eval: {e}")),
+                    .unwrap_or_else(|e| fail(&format!("eval: {e}"))),
             );
         }
     } else {
         session
             .eval_all(&model, &ids, &mut |_, logits| print(logits))
-            .unwrap_or_else(|e| panic!("eval: {e}"));
+            .unwrap_or_else(|e| fail(&format!("eval: {e}")));
     }
+}
+
+fn fail(why: &str) -> ! {
+    eprintln!("dump_logits: {why}");
+    std::process::exit(2);
 }
