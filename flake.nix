@@ -49,6 +49,7 @@
         ];
       };
 
-      formatter.${system} = pkgs.nixfmt;
+      # `nix fmt`: nixfmt over every .nix file in the tree (treefmt with nixfmt configured).
+      formatter.${system} = pkgs.nixfmt-tree;
     };
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Side-by-side throughput of llm-server and llama.cpp on the default model, alternating runs so
-# both see the same machine noise. Needs the peer venv (see shared/golden/README.md):
+# both see the same machine noise. Needs the peer venv (see testdata/README.md):
 #   PEER=~/.cache/peer/bin/python bench/compare.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."

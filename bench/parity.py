@@ -9,7 +9,7 @@ Evaluates the ids in one batch with llama.cpp (llama-cpp-python, all logits, 1 t
 golden files' settings) and with `server/examples/dump_logits.rs`, then prints per position the
 largest and mean |difference| over the whole vocabulary. Exact engines print 0.0 everywhere; the
 first non-zero position points at the operation that differs. Run it from the peer's
-virtualenv (see shared/golden/README.md), after
+virtualenv (see testdata/README.md), after
 `cargo build --release -p llm-server --example dump_logits`.
 """
 import json

@@ -19,9 +19,16 @@ in
   image.baseName = v.name;
   # UEFI: `cargo xtask oci-upload` sets the image's firmware to UEFI_64 to match.
   oci.efi = true;
-  # The NixOS closure with its nixpkgs channel fits in 3 GiB; the model comes on top. OCI grows
-  # the root partition to the boot volume's size at first boot.
-  virtualisation.diskSize = 3072 + mib v.model.sizeBytes;
+  # A fixed size in MiB: the OCI image module sets `virtualisation.diskSizeAutoSupported = false`
+  # (nixos/modules/virtualisation/oci-image.nix), so "auto" and make-disk-image's
+  # `additionalSpace` are not on offer. Out of this size make-disk-image.nix takes the ESP
+  # (`bootSize`, 256 MiB) and ext4 keeps about 5 % in reserve; the rest holds the system closure,
+  # the model in the store and the nixpkgs channel (`copyChannel`, on by default). The module's
+  # own default, 8 GiB, is its size for a NixOS OCI image: keep it and put the model on top. Too
+  # small a size fails the build ("cptofs failed. diskSize might be too small for closure"); a
+  # larger one costs little in the qcow2, which `qemu-img convert` writes without the unused
+  # (zero) space. OCI grows the root partition to the boot volume's size at first boot.
+  virtualisation.diskSize = 8 * 1024 + mib v.model.sizeBytes;
 
   # The appliance's own key fetcher (oci-ssh-keys, from the profile) replaces the image
   # module's, which saves an HTTP error page as authorized_keys and never fetches again.

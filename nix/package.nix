@@ -7,21 +7,31 @@
 }:
 let
   manifest = (builtins.fromTOML (builtins.readFile (../. + "/${crate}/Cargo.toml"))).package;
+
+  # Cargo loads the whole workspace to build one package: the root manifest, the lock file and
+  # every member of the root Cargo.toml's `[workspace] members` (nix/workspace-src.nix), and
+  # nothing else (no testdata/, bench/ or fuzz/).
+  root = ../.;
+  workspace = lib.fileset.unions (import ./workspace-src.nix { inherit root; }).paths;
+  # `nix build .#…` evaluates the flake's copy of the repository in the store, which holds the
+  # git-tracked files only and no .git: there the members are already what git tracks, and
+  # `lib.fileset.gitTracked` would add nothing (on a store path without .git it takes the whole
+  # path; on a store path with .git, as `path:` flakes give, it throws). In a working tree
+  # (`nix-build` on a checkout), intersecting with git's files keeps untracked files out.
+  inWorkingTree =
+    builtins.pathExists (root + "/.git") && !lib.hasPrefix "${builtins.storeDir}/" (toString root);
 in
 rustPlatform.buildRustPackage {
   pname = manifest.name;
   version = manifest.version;
 
-  # Only what cargo reads: every workspace member must be present for the manifest to load.
   src = lib.fileset.toSource {
-    root = ../.;
-    fileset = lib.fileset.unions [
-      ../Cargo.toml
-      ../Cargo.lock
-      ../server
-      ../appliance
-      ../xtask
-    ];
+    inherit root;
+    fileset =
+      if inWorkingTree then
+        lib.fileset.intersection (lib.fileset.gitTracked root) workspace
+      else
+        workspace;
   };
   cargoLock.lockFile = ../Cargo.lock;
   cargoBuildFlags = [

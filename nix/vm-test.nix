@@ -8,20 +8,38 @@ let
     builtins.fromTOML (builtins.readFile ../appliance/profiles/e2-micro.toml)
   );
   port = toString v.server.port;
+  # The test driver kills the whole test after `globalTimeout` seconds, 3600 by default
+  # (nixpkgs nixos/lib/testing/driver.nix). The script's waits add up to more under TCG: the
+  # model load (wait_for_unit, 1800 s), the completion (curl --max-time 1200) and three waits at
+  # the driver's default 900 s (zram, earlyoom, nftables), 5700 s in all; two hours leaves
+  # 1500 s for the boot, the other commands and the shutdown.
+  timeout = 2 * 60 * 60;
 in
 {
   name = "llm-appliance-${v.name}";
 
-  nodes.machine = {
-    imports = [ module ];
-    llm-appliance.enable = true;
-    virtualisation = {
-      memorySize = v.ramMiB;
-      cores = 2;
-      # The store's writable overlay would otherwise live in a tmpfs, in the 1 GB under test.
-      writableStoreUseTmpfs = false;
+  globalTimeout = timeout;
+  # The test derivation's meta.timeout (nixos/lib/testing/meta.nix, 3600 by default), for
+  # builders such as Hydra that enforce it: no shorter than the driver's own limit.
+  meta.timeout = timeout;
+
+  nodes.machine =
+    { lib, ... }:
+    {
+      imports = [ module ];
+      llm-appliance.enable = true;
+      # The test instrumentation (nixos/modules/testing/test-instrumentation.nix) sets
+      # vm.panic_on_oom to 2 with mkDefault, so an out-of-memory kernel panics. The appliance
+      # under test must behave as it does in production, where earlyoom and the kernel's OOM
+      # killer act and the kernel's default 0 holds; mkForce also wins over a plain definition.
+      boot.kernel.sysctl."vm.panic_on_oom" = lib.mkForce 0;
+      virtualisation = {
+        memorySize = v.ramMiB;
+        cores = 2;
+        # The store's writable overlay would otherwise live in a tmpfs, in the 1 GB under test.
+        writableStoreUseTmpfs = false;
+      };
     };
-  };
 
   # Under TCG a token takes seconds: ask for two.
   testScript = ''

@@ -2,7 +2,7 @@
 //! green, and each way of breaking it fails the check that names it.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use appliance::doctor::{self, Host, Status};
@@ -20,9 +20,7 @@ struct FakeBox {
 
 impl FakeBox {
     fn healthy() -> FakeBox {
-        let mut profile =
-            Profile::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/e2-micro.toml"))
-                .unwrap();
+        let mut profile = Profile::load(&test_support::default_profile()).unwrap();
         profile.server.api_port = Port(serve_health("200 OK"));
         let fake = FakeBox {
             root: tempfile::tempdir().unwrap(),

@@ -21,7 +21,7 @@ fn error_of(text: &str) -> String {
 
 #[test]
 fn the_shipped_profile_loads() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/e2-micro.toml");
+    let path = test_support::default_profile();
     let p = Profile::load(&path).unwrap();
     assert_eq!(p.machine.ram_mib, 1024);
     assert_eq!(p.model.file, "gemma-3-270m-q4_k_m.gguf");

@@ -3,32 +3,14 @@
 //! `llm-server plan` computes for the same model file, context and slots, or the server would
 //! refuse to start (exit 2) inside the limits the image gives it.
 
-use std::path::PathBuf;
-
 use appliance::Profile;
 use llm_server::gguf::Gguf;
 use llm_server::plan::MemoryPlan;
 
-fn default_model() -> PathBuf {
-    let path = std::env::var_os("LLM_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-            PathBuf::from(home).join(".cache/llm-appliance/models/gemma-3-270m-q4_k_m.gguf")
-        });
-    assert!(
-        path.exists(),
-        "default model not found at {}; run `cargo xtask model` first",
-        path.display()
-    );
-    path
-}
-
 #[test]
 fn profile_estimate_covers_the_servers_plan() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let profile = Profile::load(&root.join("profiles/e2-micro.toml")).unwrap();
-    let model = default_model();
+    let profile = Profile::load(&test_support::default_profile()).unwrap();
+    let model = test_support::default_model();
     assert_eq!(
         model.file_name().unwrap().to_str().unwrap(),
         profile.model.file

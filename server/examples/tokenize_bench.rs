@@ -112,7 +112,7 @@ fn main() {
     let result = match args.as_slice() {
         [flag, out, rest @ ..] if flag == "--write-corpus" => {
             let dir = rest.first().map_or_else(
-                || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden/vocab")),
+                || test_support::testdata_dir().join("vocab"),
                 PathBuf::from,
             );
             write_corpus(Path::new(out), &dir)

@@ -88,9 +88,7 @@ mod tests {
 
     #[test]
     fn plan_grows_with_context_and_slots_and_counts_the_sliding_window_ring() {
-        let g = Gguf::open("../../shared/golden/synth/synth-gemma3-q8_0.gguf".as_ref())
-            .or_else(|_| Gguf::open("/work/shared/golden/synth/synth-gemma3-q8_0.gguf".as_ref()))
-            .unwrap();
+        let g = Gguf::open(&test_support::synth("synth-gemma3-q8_0.gguf")).unwrap();
         let a = MemoryPlan::for_model_file(&g, 256, 1).unwrap();
         let b = MemoryPlan::for_model_file(&g, 512, 1).unwrap();
         let c = MemoryPlan::for_model_file(&g, 512, 2).unwrap();

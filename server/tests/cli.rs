@@ -1,8 +1,6 @@
 //! The `run` and `tokenize` subcommands, through the built binary, against llama.cpp's outputs
 //! on the default model (golden data), and their errors on bad input.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -18,11 +16,11 @@ fn llm_server(args: &[&str]) -> Output {
 }
 
 fn model() -> String {
-    common::default_model().display().to_string()
+    test_support::default_model().display().to_string()
 }
 
 fn golden() -> Value {
-    let path = common::golden_dir().join("gemma-3-270m-q4_k_m.golden.json");
+    let path = test_support::testdata("gemma-3-270m-q4_k_m.golden.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("golden JSON")
 }
@@ -89,7 +87,7 @@ fn run_greedy_prints_exactly_the_reference_continuation() {
 fn run_stops_after_n_tokens() {
     let golden = golden_prompt("capital");
     let first = &ids(&golden["greedy_tokens"])[..5];
-    let gguf = Gguf::open(&common::default_model()).unwrap();
+    let gguf = Gguf::open(&test_support::default_model()).unwrap();
     let expected = Tokenizer::from_metadata(&gguf.metadata)
         .unwrap()
         .decode(first, false);

@@ -3,8 +3,6 @@
 //! counting global allocator proves it (its counter covers every thread, the pool's workers
 //! included).
 
-mod common;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -90,10 +88,16 @@ fn decode_allocations(model_path: &std::path::Path, threads: usize, sampled: boo
 
 #[test]
 fn decode_loop_allocates_nothing_on_one_thread() {
-    assert_eq!(decode_allocations(&common::default_model(), 1, false), 0);
+    assert_eq!(
+        decode_allocations(&test_support::default_model(), 1, false),
+        0
+    );
 }
 
 #[test]
 fn decode_loop_allocates_nothing_with_two_threads_and_sampling() {
-    assert_eq!(decode_allocations(&common::default_model(), 2, true), 0);
+    assert_eq!(
+        decode_allocations(&test_support::default_model(), 2, true),
+        0
+    );
 }

@@ -2,13 +2,11 @@
 //! implementation), on real rows of every tensor type llama.cpp wrote into the golden synth models.
 //! Needs `python3` with the `gguf` and `numpy` modules; it fails (never skips) without them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use llm_server::gguf::Gguf;
 use llm_server::quant::{dequantize_row, GgmlType};
-
-const SYNTH_DIR: &str = "/work/shared/golden/synth";
 
 /// Files whose tensors together cover every weight type we support.
 const FILES: &[&str] = &[
@@ -70,7 +68,7 @@ fn gguf_py_rows(path: &Path, rows: &[(&str, usize)]) -> Vec<f32> {
 fn dequantize_row_matches_gguf_py_for_every_type() {
     let mut covered: Vec<GgmlType> = Vec::new();
     for file in FILES {
-        let path = PathBuf::from(SYNTH_DIR).join(file);
+        let path = test_support::synth(file);
         let g = Gguf::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         // The first and last rows of the first tensor of each type in the file.
         let mut rows: Vec<(&str, usize)> = Vec::new();

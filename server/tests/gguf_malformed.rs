@@ -1,7 +1,7 @@
 //! The GGUF reader against hostile and damaged files: every malformed input must give the
 //! right `GgufError` variant with a message that names the cause and the fix, never a panic and
 //! never an allocation out of proportion to the file. Files are built in memory by a small
-//! test-only writer; the real files in /work/shared/golden are parsed too, and their facts were
+//! test-only writer; the real files of the test data (`testdata/`) are parsed too, and their facts were
 //! checked against gguf-py's `GGUFReader`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -1002,7 +1002,7 @@ fn write_fuzz_seeds() {
     }
     // The start of real vocabulary files, for their key layout.
     for f in ["ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf"] {
-        let bytes = std::fs::read(Path::new(GOLDEN).join("vocab").join(f)).unwrap();
+        let bytes = std::fs::read(test_support::testdata(&format!("vocab/{f}"))).unwrap();
         seeds.push((f, bytes[..4096].to_vec()));
     }
     for (name, bytes) in seeds {
@@ -1016,8 +1016,6 @@ fn write_fuzz_seeds() {
 // ---------------------------------------------------------------------------------------------
 // Real files. Every fact below was checked with gguf-py's GGUFReader (gguf 0.17), independent
 // of this reader.
-
-const GOLDEN: &str = "/work/shared/golden";
 
 /// (file, metadata keys, tensors, data section offset, tensor count per type)
 type Facts = (
@@ -1148,12 +1146,12 @@ const VOCAB: &[Facts] = &[
 ];
 
 fn open_golden(dir: &str, file: &str) -> Gguf {
-    let path = Path::new(GOLDEN).join(dir).join(file);
+    let path = test_support::testdata(&format!("{dir}/{file}"));
     Gguf::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn check_facts(dir: &str, facts: &[Facts]) {
-    let on_disk = std::fs::read_dir(Path::new(GOLDEN).join(dir))
+    let on_disk = std::fs::read_dir(test_support::testdata_dir().join(dir))
         .unwrap()
         .filter(|e| {
             e.as_ref()

@@ -1,4 +1,4 @@
-//! The engine against llama.cpp's reference outputs (`shared/golden/README.md` says how to
+//! The engine against llama.cpp's reference outputs (`testdata/README.md` says how to
 //! compare): identical tokenization, teacher-forced logits within max(0.05, 5e-4·|ref|) on the
 //! listed ids, top-1 agreement on ≥ 99 % of non-tied positions, and identical greedy tokens
 //! except after a near tie, which is reported.
@@ -8,8 +8,6 @@
 //! needs llama.cpp's float order everywhere, because quantised models, Gemma's especially,
 //! amplify a last-bit difference into logit errors of up to a unit (llama.cpp's own batched and
 //! token-by-token paths differ that much on the default model).
-
-mod common;
 
 use std::path::Path;
 
@@ -197,7 +195,7 @@ fn argmax(logits: &[f32]) -> u32 {
 }
 
 fn synth(name: &str) {
-    let dir = common::golden_dir().join("synth");
+    let dir = test_support::testdata_dir().join("synth");
     let model = dir.join(format!("{name}.gguf"));
     let golden = dir.join(format!("{name}.golden.json"));
     check(&model, &golden, 1);
@@ -235,7 +233,7 @@ synth_tests! {
 
 #[test]
 fn default_model_gemma3_270m() {
-    let golden = common::golden_dir().join("gemma-3-270m-q4_k_m.golden.json");
+    let golden = test_support::testdata("gemma-3-270m-q4_k_m.golden.json");
     // Two threads: the parallel paths must give the same answers as the single-thread ones.
-    check(&common::default_model(), &golden, 2);
+    check(&test_support::default_model(), &golden, 2);
 }

@@ -2,7 +2,6 @@
 //! error status, slots, queue, disconnects, auth, shutdown. The default model and the official
 //! SDK are in `serve_clients.rs`.
 
-mod common;
 mod serve_support;
 
 use std::io::{BufRead, BufReader};

@@ -1,6 +1,5 @@
 //! Real clients against the default model: the official `openai` Python SDK and curl.
 
-mod common;
 mod serve_support;
 
 use std::process::Command;
@@ -9,10 +8,10 @@ use serde_json::{json, Value};
 use serve_support::Server;
 
 fn start_default_model(args: &[&str]) -> Server {
-    Server::start(&common::default_model(), args)
+    Server::start(&test_support::default_model(), args)
 }
 
-/// Gemma 3's control tokens (engines.md §2.6).
+/// Gemma 3's control tokens: their ids in the default model's `tokenizer.ggml.tokens`.
 const BOS: u64 = 2;
 const START_OF_TURN: u64 = 105;
 

@@ -1,7 +1,6 @@
 //! A bounded load test: 64 concurrent clients against 2 slots and a queue of 16. Every request
 //! is answered in full or with 503, the server stays up, and its RSS does not grow.
 
-mod common;
 mod serve_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -34,7 +33,7 @@ fn sixty_four_clients_two_slots_queue_sixteen() {
     // what the 5 % bound is about. A 12 MiB server on the tiny model moves 5 % while its
     // allocator warms up (measured: +0.7 MiB by request 500, then flat to request 3000).
     let s = Server::start(
-        &common::default_model(),
+        &test_support::default_model(),
         &[
             "--parallel",
             "2",

@@ -2,7 +2,6 @@
 //! status 2 and the table, `plan --ctx-size auto` picks a context that fits. Needs root (to
 //! create a memory cgroup); v1 (this development machine) and v2 (the appliance) are handled.
 
-mod common;
 mod serve_support;
 
 use std::path::{Path, PathBuf};
@@ -59,7 +58,7 @@ impl Drop for LimitedCgroup {
 
 #[test]
 fn serve_refuses_a_plan_over_the_cgroup_limit_with_status_2() {
-    let model = common::default_model();
+    let model = test_support::default_model();
     let cgroup = LimitedCgroup::new(128 * MIB);
     let port = serve_support::free_port().to_string();
     let out = cgroup.run(&[
@@ -85,7 +84,7 @@ fn serve_refuses_a_plan_over_the_cgroup_limit_with_status_2() {
 
 #[test]
 fn plan_auto_picks_the_largest_context_under_the_limit() {
-    let model = common::default_model();
+    let model = test_support::default_model();
     let model = model.to_str().unwrap();
     // The weights and vocabulary of the default model take about 262 MiB; leave room for a
     // modest context but not the 32k training context.

@@ -9,7 +9,7 @@ use tokenizer_common::*;
 
 #[test]
 fn gemma3_golden_tokenize_cases() {
-    let golden = golden_dir().join("gemma-3-270m-q4_k_m.golden.json");
+    let golden = testdata("gemma-3-270m-q4_k_m.golden.json");
     let tok = load(&default_model());
     let cases = golden_tokenize(&golden);
     assert!(cases.len() >= 17);
@@ -51,7 +51,7 @@ fn gemma3_vocab_loads() {
 
 #[test]
 fn synth_models_golden_tokenize_cases() {
-    let dir = golden_dir().join("synth");
+    let dir = testdata_dir().join("synth");
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).expect("synth dir") {
         let path = entry.expect("entry").path();

@@ -53,7 +53,7 @@ struct Run {
     /// The profile the image was built from: every expectation comes from it.
     #[arg(long, default_value = "appliance/profiles/e2-micro.toml")]
     profile: PathBuf,
-    /// The golden data folder (default: $LLM_GOLDEN_DIR, else ../shared/golden).
+    /// The golden data folder (default: $LLM_GOLDEN_DIR, else the repository's testdata/).
     #[arg(long)]
     golden: Option<PathBuf>,
     /// Where consoles, keys and logs go (default: a fresh folder under target/vm-test).
@@ -107,7 +107,10 @@ impl Run {
     fn run(self) -> Result<bool> {
         let started = Instant::now();
         let profile = Profile::load(&self.profile)?;
-        let golden = self.golden.clone().unwrap_or_else(golden_dir);
+        let golden = self
+            .golden
+            .clone()
+            .unwrap_or_else(test_support::testdata_location);
         let work = match &self.work {
             Some(dir) => dir.clone(),
             None => PathBuf::from("target/vm-test").join(format!("run-{}", std::process::id())),
@@ -244,11 +247,4 @@ fn console_hint(console: &Path) -> String {
         console.display(),
         lines[lines.len().saturating_sub(40)..].join("\n")
     )
-}
-
-/// `$LLM_GOLDEN_DIR`, else `shared/golden` beside the repository.
-fn golden_dir() -> PathBuf {
-    std::env::var_os("LLM_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden"))
 }

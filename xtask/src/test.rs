@@ -1,16 +1,15 @@
 //! `cargo xtask test`: everything CI checks, in the order that fails fastest on a fresh machine:
-//! the default model, the Python packages the tests call, the workspace's tests (release: the
-//! golden and load tests run the real model), clippy, rustfmt, and last (it takes longest) the
-//! appliance image rebuilt from the current sources and booted by the VM test suite.
+//! the machine's set-up (Debian packages, the tests' pinned Python environment), the default
+//! model, the workspace's tests (release: the golden and load tests run the real model), clippy,
+//! rustfmt, and last (it takes longest) the appliance image rebuilt from the current sources and
+//! booted by the VM test suite.
 
 use anyhow::{Context, Result};
 use xshell::{cmd, Shell};
 
 use crate::model;
-
-/// Python packages the tests import: gguf-py (dequantisation reference), numpy (its dependency)
-/// and the official OpenAI SDK (the server's client tests).
-const PYTHON_PACKAGES: [&str; 3] = ["gguf", "numpy", "openai"];
+use crate::setup::{self, Need};
+use crate::util::step;
 
 #[derive(clap::Args)]
 pub struct Test {
@@ -22,15 +21,25 @@ pub struct Test {
 
 impl Test {
     pub fn run(self, sh: &Shell) -> Result<()> {
+        step("Debian packages");
+        let needs: &[Need] = if self.no_vm {
+            &[Need::Tests]
+        } else {
+            &[Need::Tests, Need::Image, Need::VmSuite]
+        };
+        setup::ensure_debian(sh, needs)?;
+
+        step("the tests' Python environment (xtask/python-requirements.txt)");
+        let python = setup::python_env(sh)?;
+        let path = setup::path_with(&python)?;
+
         step("the default model");
         let model = model::ensure(sh, false)?;
-
-        step("Python test packages");
-        ensure_python_packages(sh)?;
 
         step("cargo test --workspace --release");
         cmd!(sh, "cargo test --workspace --release")
             .env("LLM_MODEL", &model)
+            .env("PATH", &path)
             .run()
             .context("tests failed")?;
 
@@ -58,29 +67,4 @@ impl Test {
         step("all checks passed");
         Ok(())
     }
-}
-
-fn step(what: &str) {
-    eprintln!("\n==> {what}");
-}
-
-fn ensure_python_packages(sh: &Shell) -> Result<()> {
-    let import = format!("import {}", PYTHON_PACKAGES.join(", "));
-    let present = cmd!(sh, "python3 -c {import}")
-        .quiet()
-        .ignore_stderr()
-        .run()
-        .is_ok();
-    if present {
-        return Ok(());
-    }
-    cmd!(sh, "python3 -m pip install --quiet {PYTHON_PACKAGES...}")
-        .run()
-        .with_context(|| {
-            format!(
-                "pip could not install {}; on Debian's system Python use a virtual environment \
-                 (python3 -m venv ~/.venv && . ~/.venv/bin/activate) or run .ci/run",
-                PYTHON_PACKAGES.join(" ")
-            )
-        })
 }

@@ -1,23 +1,24 @@
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// The workspace root (xtask lives one level below it).
-pub fn project_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask is inside the workspace")
-        .to_path_buf()
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+
+pub use test_support::{cache_dir, workspace_root};
+
+/// A file's sha256, hex, read in one pass.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).with_context(|| format!("read {}", path.display()))?;
+    Ok(format!("{:x}", hasher.finalize()))
 }
 
-/// Where downloaded artefacts live: `$LLM_APPLIANCE_CACHE`, else `$XDG_CACHE_HOME/llm-appliance`,
-/// else `~/.cache/llm-appliance`. Outside the repository, so clean clones reuse it.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("LLM_APPLIANCE_CACHE") {
-        return d.into();
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
-        });
-    base.join("llm-appliance")
+/// The sha256 of `bytes`, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// Prints a task's step heading.
+pub fn step(what: &str) {
+    eprintln!("\n==> {what}");
 }

@@ -7,6 +7,8 @@ use anyhow::{Context, Result};
 use appliance::Profile;
 use xshell::{cmd, Shell};
 
+use crate::setup::Need;
+
 #[derive(clap::Args)]
 pub struct VmTest {
     /// The qcow2 to test (default: the one `cargo xtask image` builds for the profile, built
@@ -64,6 +66,7 @@ impl VmTest {
                 image
             }
         };
+        crate::setup::ensure_debian(sh, &[Need::VmSuite])?;
         let keep_going = self.keep_going.then_some("--keep-going");
         cmd!(
             sh,

@@ -173,7 +173,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// ggml's `get_scale_min_k4`, written out per sub-block as engines.md §1.1 gives it.
+    /// ggml's `get_scale_min_k4` (llama.cpp, `ggml/src/ggml-quants.c`), written out per sub-block.
     fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
         if j < 4 {
             (q[j] & 63, q[j + 4] & 63)

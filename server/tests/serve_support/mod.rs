@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// The tiny Gemma 3 model of the golden data: loads in milliseconds, decodes fast.
 pub fn synth_model() -> PathBuf {
-    crate::common::golden_dir().join("synth/synth-gemma3-q8_0.gguf")
+    test_support::synth("synth-gemma3-q8_0.gguf")
 }
 
 pub fn binary() -> &'static str {

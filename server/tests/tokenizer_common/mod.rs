@@ -1,35 +1,14 @@
-//! Shared by the tokenizer tests: locating golden data and llama.cpp's tokenizer test vectors.
+//! Shared by the tokenizer tests: llama.cpp's tokenizer test vectors and the golden tokenizations.
 
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use test_support::{default_model, testdata, testdata_dir};
 
 use llm_server::gguf::Gguf;
 use llm_server::tokenizer::Tokenizer;
-
-/// `shared/golden` lives beside the repository (`../shared` from its root).
-pub fn golden_dir() -> PathBuf {
-    let beside_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden");
-    if beside_repo.is_dir() {
-        return beside_repo;
-    }
-    PathBuf::from("/work/shared/golden")
-}
-
-/// The default model: `$LLM_MODEL`, else where `cargo xtask model` puts it.
-pub fn default_model() -> PathBuf {
-    if let Some(p) = std::env::var_os("LLM_MODEL") {
-        return p.into();
-    }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    let path = Path::new(&home).join(".cache/llm-appliance/models/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        path.is_file(),
-        "default model not found at {}; run `cargo xtask model` or set LLM_MODEL",
-        path.display()
-    );
-    path
-}
 
 pub fn load(path: &Path) -> Tokenizer {
     let g = Gguf::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -44,8 +23,7 @@ pub struct VocabCase {
 }
 
 pub fn vocab_cases(vocab: &str) -> (Tokenizer, Vec<VocabCase>) {
-    let dir = golden_dir().join("vocab");
-    let gguf = dir.join(format!("ggml-vocab-{vocab}.gguf"));
+    let gguf = testdata(&format!("vocab/ggml-vocab-{vocab}.gguf"));
     let inp = std::fs::read_to_string(gguf.with_extension("gguf.inp")).expect("read .inp");
     let out = std::fs::read_to_string(gguf.with_extension("gguf.out")).expect("read .out");
     // As test-tokenizer-0.cpp: split on the separator; text after the last one (empty) is no case.

@@ -42,7 +42,7 @@ impl Golden {
             let path = dir.join(file);
             let text = std::fs::read_to_string(&path).with_context(|| {
                 format!(
-                    "read {} (set LLM_GOLDEN_DIR to the folder with the golden data)",
+                    "read {} (the repository's testdata/ holds the golden data; --golden or LLM_GOLDEN_DIR point elsewhere)",
                     path.display()
                 )
             })?;
@@ -194,17 +194,9 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_capital_prompt_from_the_shared_golden_data() {
-        let dir = std::env::var_os("LLM_GOLDEN_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/golden"));
-        if !dir.exists() {
-            eprintln!("skipped: no golden data at {}", dir.display());
-            return;
-        }
-        let profile_path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../appliance/profiles/e2-micro.toml");
-        let profile = Profile::load(&profile_path).unwrap();
+    fn reads_the_capital_prompt_from_the_golden_data() {
+        let dir = test_support::testdata_dir();
+        let profile = Profile::load(&test_support::default_profile()).unwrap();
         let golden = Golden::load(&dir, &profile, GOLDEN_PROMPT).unwrap();
         assert_eq!(golden.prompt, "The capital of France is");
         assert!(golden.text.starts_with(" the capital"), "{}", golden.text);

@@ -54,13 +54,7 @@ impl Drop for Vm {
 }
 
 pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u64) -> Result<Boot> {
-    super::ensure_tools(
-        sh,
-        &[
-            ("qemu-system-x86_64", "qemu-system-x86"),
-            (OVMF_CODE, "ovmf"),
-        ],
-    )?;
+    crate::setup::ensure_debian(sh, &[crate::setup::Need::VmSuite])?;
     let vars = out.join("smoke-ovmf-vars.fd");
     std::fs::copy(OVMF_VARS, &vars).with_context(|| format!("copy {OVMF_VARS}"))?;
     let console = out.join("smoke-console.log");

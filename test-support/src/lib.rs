@@ -1,0 +1,95 @@
+//! One answer to "where is it?" for every crate: the repository's test data (`testdata/`), the
+//! cache outside the repository that `cargo xtask model` fills, and the default model in it.
+//!
+//! Lookups of test data panic with a message naming the missing file and the fix: a test whose
+//! data is missing fails, it never passes by skipping.
+
+use std::path::{Path, PathBuf};
+
+/// The default model's file name in the cache's `models/` folder (the profile
+/// `appliance/profiles/e2-micro.toml` holds its size and sha256).
+pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// The workspace root (this crate lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test-support is inside the workspace")
+        .to_path_buf()
+}
+
+/// The appliance profile whose `[model]` names the default model (file name, size, sha256).
+pub fn default_profile() -> PathBuf {
+    workspace_root().join("appliance/profiles/e2-micro.toml")
+}
+
+/// Where the test data is: `$LLM_GOLDEN_DIR` when set (an override for trying other reference
+/// data), else the repository's `testdata/`. Unchecked, for programs that report a missing file
+/// as an error of their own; tests call [`testdata_dir`].
+pub fn testdata_location() -> PathBuf {
+    std::env::var_os("LLM_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("testdata"))
+}
+
+/// [`testdata_location`], checked: panics, naming the folder and the fix, when it has no README.md.
+pub fn testdata_dir() -> PathBuf {
+    let dir = testdata_location();
+    assert!(
+        dir.join("README.md").is_file(),
+        "test data not found at {} (no README.md there); the repository's testdata/ folder \
+         holds it: restore it with `git checkout -- testdata`, or unset LLM_GOLDEN_DIR",
+        dir.display()
+    );
+    dir
+}
+
+/// A file of the test data by its path inside `testdata/` (`synth/…`, `vocab/…`, …), checked
+/// to exist.
+pub fn testdata(relative: &str) -> PathBuf {
+    let path = testdata_dir().join(relative);
+    assert!(
+        path.is_file(),
+        "test data file {} is missing; testdata/README.md lists every file and where it came from",
+        path.display()
+    );
+    path
+}
+
+/// A tiny synthetic model (or its golden outputs) by file name, e.g. `synth-llama-q4_0.gguf`.
+pub fn synth(name: &str) -> PathBuf {
+    testdata(&format!("synth/{name}"))
+}
+
+/// Where downloaded artefacts live: `$LLM_APPLIANCE_CACHE`, else `$XDG_CACHE_HOME/llm-appliance`,
+/// else `~/.cache/llm-appliance`. Outside the repository, so clean clones reuse it.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("LLM_APPLIANCE_CACHE") {
+        return dir.into();
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+        });
+    base.join("llm-appliance")
+}
+
+/// Where `cargo xtask model` puts the default model.
+pub fn default_model_cache_path() -> PathBuf {
+    cache_dir().join("models").join(DEFAULT_MODEL_FILE)
+}
+
+/// The default model: `$LLM_MODEL` (which `cargo xtask test` sets), else its cache path.
+/// Panics with the fix when the file is not there.
+pub fn default_model() -> PathBuf {
+    let path = std::env::var_os("LLM_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_model_cache_path);
+    assert!(
+        path.is_file(),
+        "default model not found at {}; run `cargo xtask model` (or set LLM_MODEL)",
+        path.display()
+    );
+    path
+}
