@@ -207,7 +207,10 @@ fn nft_check(ruleset: &str) -> std::process::Output {
 fn nft_accepts_the_ruleset() {
     // Fails rather than skips without the tool: `cargo xtask test` installs it.
     assert!(tool("nft"), "nft is missing: apt-get install nftables");
-    assert!(is_root(), "nft --check needs CAP_NET_ADMIN: run the tests as root");
+    assert!(
+        is_root(),
+        "nft --check needs CAP_NET_ADMIN: run the tests as root"
+    );
     let rules = rendered("/etc/nftables.conf").contents;
     let out = nft_check(&rules);
     assert!(
