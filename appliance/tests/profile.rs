@@ -89,7 +89,7 @@ fn a_plan_of_another_model_context_or_slots_is_refused() {
             "{what}: {e}"
         );
         assert!(
-            e.contains("`llm-server plan --json --model MODEL --ctx-size 2048 --parallel 2`"),
+            e.contains("`llm-server plan --json --model gemma-3-270m-q4_k_m.gguf --ctx-size 2048 --parallel 2`"),
             "{what}: {e}"
         );
     }

@@ -81,8 +81,6 @@ fn nix_can_build_nixos(sh: &Shell) -> bool {
     .is_ok()
 }
 
-/// Debian packages the builder runs on the host, by the command each provides.
-
 impl Image {
     pub fn run(self, sh: &Shell) -> Result<()> {
         let builder = match self.builder {

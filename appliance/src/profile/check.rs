@@ -97,7 +97,7 @@ pub(super) fn memory(profile: &Profile, plan: &ServerPlan) -> Vec<String> {
             profile.model.file,
             s.ctx_size,
             s.parallel,
-            plan::args("MODEL", s.ctx_size, s.parallel).join(" ")
+            plan::args(&profile.model.file, s.ctx_size, s.parallel).join(" ")
         )];
     }
 
