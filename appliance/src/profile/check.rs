@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::plan::{self, ServerPlan, MIB};
 
-use super::Profile;
+use super::schema::Profile;
 
 /// What the server's process holds beyond its plan: its code and static data, thread stacks and
 /// the allocator's slack. The planner counts the weights, the KV cache, the scratch buffers and

@@ -1,6 +1,6 @@
 //! systemd units: the server, the two first-boot jobs that make SSH work, and the memory
 //! baseline. Their commands are argument lists (as in modules/profile.nix), written out by
-//! [`exec::command_line`](super::exec::command_line).
+//! [`command_line`].
 
 use crate::paths::{self, SERVER_BINARY};
 use crate::profile::Profile;
