@@ -1,7 +1,8 @@
 # llm-appliance: the appliance policy from its profile (appliance/profiles/*.toml), the same
 # files the Debian image installs, as NixOS options: the server's service and memory limits,
 # zram, sysctls, earlyoom, the nftables allowlist, SSH keys from OCI's metadata service, and
-# the profile itself for `appliance doctor`. ./profile.nix does the mapping.
+# the profile itself for `appliance doctor`. ./profile.nix does the mapping. The memory limits
+# are held to the server's own plan of the model at build time, as for the Debian image.
 {
   config,
   lib,
@@ -33,6 +34,23 @@ let
   };
   command =
     words: utils.escapeSystemdExecArgs ([ programs.${builtins.head words} ] ++ builtins.tail words);
+
+  # The profile's memory rule, applied at build time as `cargo xtask image` applies it: the
+  # server plans the real model file (`llm-server plan --json` with ./plan-args.nix), and
+  # `appliance check` holds the profile's limits to that plan, so limits that cannot hold the
+  # model fail the build with the numbers and the fix. Both programs run on the builder, which
+  # needs x86-64-v3 like the box (the server refuses an older CPU with exit status 3). Exit
+  # status 2 from the planner only says the plan does not fit the builder's own memory.
+  server = config.services.llm-server;
+  planArgs = import ./plan-args.nix {
+    inherit (server) model;
+    inherit (v.server) contextSize parallel;
+  };
+  memoryCheck = pkgs.runCommand "llm-appliance-${v.name}-memory-check" { } ''
+    ${lib.getExe server.package} ${lib.escapeShellArgs planArgs} > plan.json || [ $? -eq 2 ]
+    ${lib.getExe cfg.package} check --profile ${cfg.profile} --plan plan.json
+    mv plan.json $out
+  '';
 in
 {
   options.llm-appliance = {
@@ -44,7 +62,8 @@ in
       defaultText = literalExpression "./appliance/profiles/e2-micro.toml";
       description = ''
         The appliance profile: every value of the policy comes from it. `appliance check
-        --profile FILE` tells whether its numbers fit together.
+        --profile FILE` tells whether its numbers fit together; the build also holds its
+        memory limits to the server's plan of the model (`appliance check --plan`).
       '';
     };
 
@@ -80,6 +99,10 @@ in
 
       # The profile's, over the mkDefault of nixpkgs' test driver (the node's name).
       networking.hostName = v.hostName;
+
+      # Built with the system, not installed: a profile whose limits cannot hold the model's
+      # plan fails the build.
+      system.checks = [ memoryCheck ];
 
       # The box carries its own policy: `appliance doctor` reads it from here.
       environment.etc."llm-appliance/profile.toml".source = cfg.profile;

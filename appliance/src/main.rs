@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use appliance::{doctor, render, Profile};
+use appliance::plan::{ServerPlan, MIB};
+use appliance::profile::RUNTIME_ALLOWANCE_BYTES;
+use appliance::{doctor, paths, render, Profile};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -16,10 +18,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Check a profile and print the server's memory plan against its limits.
+    /// Check a profile; with the server's plan of its model, hold its memory limits to it.
     Check {
         #[arg(long)]
         profile: PathBuf,
+        /// The output of `llm-server plan --json` for the profile's model, context and slots
+        /// (`-` reads it from stdin).
+        #[arg(long)]
+        plan: Option<PathBuf>,
     },
     /// Write every file the image needs under DIR, laid out as on the root file system.
     Render {
@@ -30,7 +36,7 @@ enum Cmd {
     },
     /// Check the running box against its profile; exits non-zero if anything is off.
     Doctor {
-        #[arg(long, default_value = appliance::profile::INSTALLED_PATH)]
+        #[arg(long, default_value = paths::PROFILE)]
         profile: PathBuf,
         /// Print the results as JSON.
         #[arg(long)]
@@ -53,24 +59,37 @@ fn main() -> ExitCode {
 
 fn run(cmd: Cmd) -> Result<ExitCode> {
     match cmd {
-        Cmd::Check { profile } => {
+        Cmd::Check { profile, plan } => {
             let profile = Profile::load(&profile)?;
-            let need = appliance::plan::requirement(&profile.model, &profile.server);
-            let mib = |b: u64| b.div_ceil(appliance::plan::MIB);
             let m = &profile.server.memory;
+            let limits = format!(
+                "MemoryMin {} / Low {} / High {} / Max {} MiB",
+                m.min_mib, m.low_mib, m.high_mib, m.max_mib
+            );
+            let Some(plan) = plan else {
+                let s = &profile.server;
+                let args = appliance::plan::args(&profile.model.file, s.ctx_size, s.parallel);
+                println!(
+                    "{}: ok; {limits}. Memory not checked: give --plan, the output of \
+                     `llm-server {}`",
+                    profile.machine.name,
+                    args.join(" ")
+                );
+                return Ok(ExitCode::SUCCESS);
+            };
+            let plan = read_plan(&plan)?;
+            profile.check_plan(&plan)?;
+            let mib = |b: u64| b.div_ceil(MIB);
             println!(
-                "{}: ok. The server needs {} MiB (weights {}, KV cache {}, scratch {}, runtime {}); \
-                 MemoryMin {} / Low {} / High {} / Max {} MiB",
+                "{}: ok. The server needs {} MiB (weights {}, KV cache {}, scratch {}, \
+                 vocabulary {}, runtime {}); {limits}",
                 profile.machine.name,
-                mib(need.total()),
-                mib(need.weights),
-                mib(need.kv_cache),
-                mib(need.scratch),
-                mib(need.runtime),
-                m.min_mib,
-                m.low_mib,
-                m.high_mib,
-                m.max_mib
+                mib(plan.total_bytes + RUNTIME_ALLOWANCE_BYTES),
+                mib(plan.weights_bytes),
+                mib(plan.kv_cache_bytes),
+                mib(plan.scratch_bytes),
+                mib(plan.vocabulary_bytes),
+                mib(RUNTIME_ALLOWANCE_BYTES),
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -102,4 +121,15 @@ fn run(cmd: Cmd) -> Result<ExitCode> {
             })
         }
     }
+}
+
+/// `llm-server plan --json` output from a file, or stdin for `-`.
+fn read_plan(path: &std::path::Path) -> Result<ServerPlan> {
+    let json = if path == std::path::Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).context("read the plan from stdin")?
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("read the plan {}", path.display()))?
+    };
+    ServerPlan::parse(&json).with_context(|| format!("the plan {}", path.display()))
 }

@@ -1,69 +1,92 @@
-//! How much memory the server needs for a profile's model, context and slots.
-//!
-//! This is the appliance's own conservative estimate, used to check the profile's limits before
-//! an image is built. It lives here and nowhere else so it can be replaced by the server's planner
-//! (`llm_server::plan`), which knows the exact layout, once that exists: the profile checks call
-//! only [`requirement`].
+//! The server's memory plan for the profile's model, as the server itself computes it:
+//! `llm-server plan --json` run on the real model file. The appliance keeps no estimate of its
+//! own; the image builders (`cargo xtask image`, the NixOS module) run the planner at build
+//! time with [`args`] and hold the profile's limits to the result (`check::memory`).
 
-use crate::profile::{Model, Server};
+use serde::Deserialize;
 
 pub const MIB: u64 = 1 << 20;
 
-/// Bytes of one f16 element of the KV cache.
-const KV_ELEMENT_BYTES: u64 = 2;
-/// Bytes of one f32 activation or logit.
-const F32_BYTES: u64 = 4;
-/// Embedding-wide f32 rows of activations held per prompt token during prefill: residual, norms,
-/// Q/K/V, attention output and the feed-forward intermediates (several embeddings wide). An upper
-/// bound for the dense models the server runs, not a measurement.
-const ACTIVATION_ROWS_PER_TOKEN: u64 = 16;
-/// The process itself: code, the tokenizer's tables, thread stacks, allocator slack.
-const RUNTIME_BYTES: u64 = 32 * MIB;
-
-/// The parts of the server's memory, in bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Requirement {
-    /// The memory-mapped GGUF file: page cache charged to the server's cgroup.
-    pub weights: u64,
-    /// Keys and values for every layer, token and slot, all at full context (a sliding-window
-    /// ring would need less, so this over-counts).
-    pub kv_cache: u64,
-    /// Activations for a full-context prefill plus one row of logits per slot.
-    pub scratch: u64,
-    pub runtime: u64,
+/// The arguments of `llm-server plan` that plan `model` with `ctx_size` tokens for each of
+/// `parallel` slots, as JSON. `modules/plan-args.nix` gives the NixOS module the same words
+/// (appliance/tests/nix_profile.rs holds them equal).
+pub fn args(model: &str, ctx_size: u32, parallel: u32) -> Vec<String> {
+    [
+        "plan",
+        "--json",
+        "--model",
+        model,
+        "--ctx-size",
+        &ctx_size.to_string(),
+        "--parallel",
+        &parallel.to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
-impl Requirement {
-    pub fn total(&self) -> u64 {
-        [self.weights, self.kv_cache, self.scratch, self.runtime]
-            .iter()
-            .fold(0, |acc, &b| acc.saturating_add(b))
+/// What `llm-server plan --json` prints (server/src/cli/plan.rs), the parts the appliance uses.
+/// Other keys (the planning host's own limits and verdict) are ignored: they describe the
+/// machine that ran the planner, not the box.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct ServerPlan {
+    /// The model file as the planner was given it.
+    pub model: String,
+    /// Tokens of context per slot, and slots, as planned.
+    pub ctx_size: u32,
+    pub parallel: u32,
+    /// Tensor bytes: the memory-mapped weights, page cache charged to the server's cgroup.
+    pub weights_bytes: u64,
+    /// KV caches of every slot (anonymous).
+    pub kv_cache_bytes: u64,
+    /// Activations, logits and sampler buffers of every slot (anonymous).
+    pub scratch_bytes: u64,
+    /// The vocabulary and its lookup tables (anonymous).
+    pub vocabulary_bytes: u64,
+    pub total_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("not the output of `llm-server plan --json`: {0}")]
+pub struct PlanError(#[from] serde_json::Error);
+
+impl ServerPlan {
+    pub fn parse(json: &str) -> Result<ServerPlan, PlanError> {
+        Ok(serde_json::from_str(json)?)
     }
 }
 
-/// The memory the server needs to serve `model` with the server's context and slots.
-pub fn requirement(model: &Model, server: &Server) -> Requirement {
-    let ctx = u64::from(server.ctx_size);
-    let slots = u64::from(server.parallel);
-    let keys_and_values = 2;
-    Requirement {
-        weights: model.size_bytes,
-        kv_cache: product(&[
-            keys_and_values,
-            model.layers,
-            model.kv_heads,
-            model.head_dim,
-            KV_ELEMENT_BYTES,
-            ctx,
-            slots,
-        ]),
-        scratch: product(&[ctx, model.embedding, F32_BYTES, ACTIVATION_ROWS_PER_TOKEN])
-            .saturating_add(product(&[slots, model.vocab, F32_BYTES])),
-        runtime: RUNTIME_BYTES,
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Saturating, so an absurd profile yields "does not fit" instead of an overflow.
-fn product(factors: &[u64]) -> u64 {
-    factors.iter().fold(1, |acc, &f| acc.saturating_mul(f))
+    #[test]
+    fn the_planners_output_parses_and_unknown_keys_are_ignored() {
+        let json = r#"{
+            "model": "/m/gemma.gguf", "ctx_size": 2048, "parallel": 2, "n_ctx_train": 32768,
+            "weights_bytes": 1, "kv_cache_bytes": 2, "scratch_bytes": 3, "vocabulary_bytes": 4,
+            "total_bytes": 10, "limits": [{"source": "host", "bytes": 5}], "fits": true
+        }"#;
+        let plan = ServerPlan::parse(json).unwrap();
+        assert_eq!(
+            (plan.ctx_size, plan.parallel, plan.total_bytes),
+            (2048, 2, 10)
+        );
+        assert_eq!(plan.model, "/m/gemma.gguf");
+        let e = ServerPlan::parse(r#"{"model": "m"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("llm-server plan --json") && e.contains("ctx_size"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn args_ask_for_json() {
+        assert_eq!(
+            args("/m.gguf", 2048, 2).join(" "),
+            "plan --json --model /m.gguf --ctx-size 2048 --parallel 2"
+        );
+    }
 }

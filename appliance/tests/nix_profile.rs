@@ -1,18 +1,23 @@
 //! The NixOS modules derive from the same profile as the Debian image: `modules/profile.nix`,
 //! evaluated by Nix itself, must give every value `appliance render` writes, for the shipped
 //! profile and for a variant that takes the other branches (IPv4-only networks, no `prefer`
-//! list, no watchdog). Also: every `.nix` file in the repository parses, and the Nix ruleset
-//! passes `nft --check`.
+//! list, no watchdog, a model file name that needs quoting). The memory plan too: both builders
+//! run `llm-server plan --json` with the same arguments and `appliance check` on its output.
+//! Also: every `.nix` file in the repository parses, and the Nix ruleset passes `nft --check`.
 //!
 //! Nix evaluates pure expressions without nixpkgs (Debian's `nix-bin` is enough), so these run
 //! in CI; a missing `nix-instantiate` fails them with the install command rather than skipping.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use appliance::paths;
 use appliance::profile::Profile;
 use appliance::render::{self, File};
+use common::exec_words;
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {
@@ -61,6 +66,10 @@ fn cases() -> Vec<Case> {
         ("prefer = [", "prefer = [] # ["),
         ("api_port = 8080", "api_port = 11434"),
         ("\"vm.swappiness\" = 10", "\"vm.swappiness\" = 5"),
+        (
+            r#"file = "gemma-3-270m-q4_k_m.gguf""#,
+            r#"file = "my \"model\" 100% $HOME.gguf""#,
+        ),
     ]
     .iter()
     .fold(text, |t, (from, to)| {
@@ -94,6 +103,10 @@ fn case(name: &'static str, path: &Path) -> Case {
              in values // {
                serveArgs = import (/. + root + \"/modules/serve-args.nix\")
                  (values.server // { inherit model; });
+               planArgs = import (/. + root + \"/modules/plan-args.nix\") {
+                 inherit model;
+                 inherit (values.server) contextSize parallel;
+               };
              }",
         )
         .output()
@@ -184,37 +197,6 @@ fn single_values(section: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, St
             (k.clone(), v[0].clone())
         })
         .collect()
-}
-
-/// Splits a systemd command line into words, honouring double quotes (enough for the commands
-/// the renderer writes).
-fn exec_words(line: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut word = String::new();
-    let mut quoted = false;
-    let mut in_word = false;
-    for c in line.chars() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                in_word = true;
-            }
-            ' ' if !quoted => {
-                if in_word {
-                    words.push(std::mem::take(&mut word));
-                }
-                in_word = false;
-            }
-            c => {
-                word.push(c);
-                in_word = true;
-            }
-        }
-    }
-    if in_word {
-        words.push(word);
-    }
-    words
 }
 
 /// The command without the directory of its program: Debian's is `/usr/bin`, NixOS's the store.
@@ -340,8 +322,14 @@ fn server_unit_matches() {
         let exec = &service["ExecStart"];
         assert_eq!(exec.len(), 1);
         let words = exec_words(&exec[0]);
-        assert_eq!(words[0], render::SERVER_BINARY);
+        assert_eq!(words[0], paths::SERVER_BINARY);
         assert_eq!(words[1..], strings(&c.nix["serveArgs"]), "{}", c.name);
+        assert_eq!(
+            render::server_args(&c.profile),
+            strings(&c.nix["serveArgs"]),
+            "{}",
+            c.name
+        );
 
         let mut rest = single_values(service);
         rest.remove("ExecStart");
@@ -365,6 +353,23 @@ fn server_unit_matches() {
         assert_eq!(
             debian["Install"]["WantedBy"],
             strings(&nix["wantedBy"]),
+            "{}",
+            c.name
+        );
+    }
+}
+
+/// The NixOS module plans the model at build time with the same `llm-server plan` arguments as
+/// `cargo xtask image`, and both hold the profile to the result with the same rule
+/// (`Profile::check_plan`, which the module runs as `appliance check --plan`), so the two
+/// builders check the same numbers.
+#[test]
+fn memory_plan_arguments_match() {
+    for c in cases() {
+        let s = &c.profile.server;
+        assert_eq!(
+            appliance::plan::args(&c.profile.model_path(), s.ctx_size, s.parallel),
+            strings(&c.nix["planArgs"]),
             "{}",
             c.name
         );

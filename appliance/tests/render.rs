@@ -2,18 +2,26 @@
 //! matter where it is long, and the real tools (`nft --check`, `systemd-analyze verify`) where
 //! they are installed.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
+use appliance::paths;
 use appliance::profile::Profile;
 use appliance::render::{self, File};
+use common::exec_words;
 
 fn e2_micro() -> Profile {
     Profile::load(&test_support::default_profile()).unwrap()
 }
 
 fn rendered(path: &str) -> File {
-    render::render(&e2_micro())
+    rendered_from(&e2_micro(), path)
+}
+
+fn rendered_from(profile: &Profile, path: &str) -> File {
+    render::render(profile)
         .into_iter()
         .find(|f| f.path == path)
         .unwrap_or_else(|| panic!("{path} is not rendered"))
@@ -114,6 +122,74 @@ fn server_unit() {
     // Either would hide /proc/meminfo or the cgroup files the server sizes itself against.
     assert!(!unit.contains("ProcSubset="));
     assert!(!unit.contains("InaccessiblePaths="));
+}
+
+/// A profile whose model's file name systemd would split or expand if written bare.
+fn awkward_model_name() -> Profile {
+    let mut p = e2_micro();
+    p.model.file = "my \"model\" 100% $HOME\\x.gguf".into();
+    p
+}
+
+fn exec_start(unit: &str) -> Vec<Vec<String>> {
+    unit.lines()
+        .filter_map(|l| l.strip_prefix("ExecStart="))
+        .map(exec_words)
+        .collect()
+}
+
+#[test]
+fn exec_start_is_the_server_argument_list_escaped() {
+    for profile in [e2_micro(), awkward_model_name()] {
+        let unit = rendered_from(&profile, "/etc/systemd/system/llm-server.service").contents;
+        let mut want = vec![paths::SERVER_BINARY.to_owned()];
+        want.extend(render::server_args(&profile));
+        assert_eq!(exec_start(&unit), [want], "{unit}");
+    }
+    assert_eq!(
+        render::server_args(&awkward_model_name())[2],
+        "/var/lib/llm/models/my \"model\" 100% $HOME\\x.gguf"
+    );
+}
+
+#[test]
+fn command_lines_split_back_into_their_words() {
+    let words = [
+        "/usr/bin/x",
+        "plain",
+        "two words",
+        "",
+        ";",
+        "a;b",
+        "%n",
+        "100%",
+        "$HOME",
+        "${X}",
+        "say \"hi\"",
+        "it's",
+        "back\\slash",
+        "tab\tnew\nline",
+        "bell\u{7}",
+        "ünïcode",
+    ];
+    assert_eq!(exec_words(&render::command_line(&words)), words);
+}
+
+#[test]
+fn ssh_key_and_baseline_commands_are_their_argument_lists() {
+    let p = e2_micro();
+    let keys = exec_start(&rendered("/etc/systemd/system/oci-ssh-keys.service").contents);
+    let with_paths: Vec<Vec<String>> = render::ssh_keys_commands(&p)
+        .into_iter()
+        .map(|mut c| {
+            c[0] = format!("/usr/bin/{}", c[0]);
+            c
+        })
+        .collect();
+    assert_eq!(keys, with_paths);
+    let baseline = exec_start(&rendered("/etc/systemd/system/memory-baseline.service").contents);
+    assert_eq!(baseline, [["/usr/bin/free", "--mebi"]]);
+    assert_eq!(render::memory_baseline_command(), ["free", "--mebi"]);
 }
 
 #[test]
@@ -244,12 +320,18 @@ fn systemd_analyze_verifies_the_units() {
         tool("systemd-analyze"),
         "systemd-analyze is missing: apt-get install systemd"
     );
+    verify_units(&e2_micro());
+    // The quoting too: a model path with spaces, quotes, `%`, `$` and a backslash.
+    verify_units(&awkward_model_name());
+}
+
+fn verify_units(profile: &Profile) {
     let dir = tempfile::tempdir().unwrap();
     // verify insists that ExecStart's binary exists: point it at a stand-in, the rest as is.
     let stand_in = dir.path().join("llm-server");
     std::fs::copy("/bin/true", &stand_in).unwrap();
     let mut units = Vec::new();
-    for file in render::render(&e2_micro()) {
+    for file in render::render(profile) {
         if !file.path.starts_with("/etc/systemd/system/") {
             continue;
         }
@@ -257,7 +339,7 @@ fn systemd_analyze_verifies_the_units() {
         let path = dir.path().join(name);
         let text = file
             .contents
-            .replace(render::SERVER_BINARY, stand_in.to_str().unwrap());
+            .replace(paths::SERVER_BINARY, stand_in.to_str().unwrap());
         std::fs::write(&path, text).unwrap();
         units.push(path);
     }

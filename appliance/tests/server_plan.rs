@@ -1,37 +1,110 @@
-//! The profile's memory check against the server's own planner: the appliance's estimate
-//! (`appliance::plan::requirement`, which sizes the unit's limits) must cover what
-//! `llm-server plan` computes for the same model file, context and slots, or the server would
-//! refuse to start (exit 2) inside the limits the image gives it.
+//! The memory rule against the server's own planner: `llm-server plan --json`, run as the image
+//! builders run it (`appliance::plan::args`) on the default model, gives the planner's numbers,
+//! and the shipped profile's limits hold them, while a context and slots far too large for the
+//! box are refused. Without this the server would refuse to start (exit 2) inside the limits
+//! the image gives it, or the image would be built on numbers the server does not use.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use appliance::plan::{self, ServerPlan};
 use appliance::Profile;
 use llm_server::gguf::Gguf;
 use llm_server::plan::MemoryPlan;
 
+/// This workspace's `llm-server`, built by cargo (a no-op when it is current) for the profile
+/// this test was built with: the test runs from target/<profile>/deps/, the binary lands in
+/// target/<profile>/.
+fn llm_server() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(build_llm_server)
+}
+
+fn build_llm_server() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        Some(name) => name,
+        None => panic!("no cargo profile directory above {}", exe.display()),
+    };
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "--package",
+            "llm-server",
+            "--bin",
+            "llm-server",
+        ])
+        .args(["--profile", profile])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "cargo could not build llm-server");
+    dir.join("llm-server")
+}
+
+/// `llm-server plan --json` of `model` at `ctx_size` x `parallel`. Exit status 2 says the plan
+/// does not fit this machine's own memory, which is not the question here.
+fn server_plan(model: &Path, ctx_size: u32, parallel: u32) -> ServerPlan {
+    let out = Command::new(llm_server())
+        .args(plan::args(model.to_str().unwrap(), ctx_size, parallel))
+        .output()
+        .unwrap();
+    assert!(
+        matches!(out.status.code(), Some(0 | 2)),
+        "llm-server plan failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ServerPlan::parse(std::str::from_utf8(&out.stdout).unwrap()).unwrap()
+}
+
 #[test]
-fn profile_estimate_covers_the_servers_plan() {
+fn the_json_plan_is_the_planners_and_the_shipped_profile_holds_it() {
     let profile = Profile::load(&test_support::default_profile()).unwrap();
     let model = test_support::default_model();
     assert_eq!(
         model.file_name().unwrap().to_str().unwrap(),
         profile.model.file
     );
+    let s = &profile.server;
+    let json = server_plan(&model, s.ctx_size, s.parallel);
     let gguf = Gguf::open(&model).unwrap();
-    let server = &profile.server;
-    let plan =
-        MemoryPlan::for_model_file(&gguf, server.ctx_size as usize, server.parallel as usize)
-            .unwrap();
-    let estimate = appliance::plan::requirement(&profile.model, server);
+    let planner =
+        MemoryPlan::for_model_file(&gguf, s.ctx_size as usize, s.parallel as usize).unwrap();
+    assert_eq!(
+        json,
+        ServerPlan {
+            model: model.to_str().unwrap().to_owned(),
+            ctx_size: s.ctx_size,
+            parallel: s.parallel,
+            weights_bytes: planner.weights_bytes,
+            kv_cache_bytes: planner.kv_bytes,
+            scratch_bytes: planner.scratch_bytes,
+            vocabulary_bytes: planner.vocab_bytes,
+            total_bytes: planner.total(),
+        }
+    );
     eprintln!(
-        "server plan {} MiB (weights {}, anonymous {}); appliance estimate {} MiB",
-        plan.total() >> 20,
-        plan.weights_bytes >> 20,
-        plan.anonymous_bytes() >> 20,
-        estimate.total() >> 20
+        "server plan {} MiB (weights {}, anonymous {})",
+        planner.total() >> 20,
+        planner.weights_bytes >> 20,
+        planner.anonymous_bytes() >> 20
     );
-    assert!(
-        estimate.total() >= plan.total(),
-        "the profile's estimate ({} B) is below the server's plan ({} B): the unit limits it sizes would be too small",
-        estimate.total(),
-        plan.total()
-    );
+    profile.check_plan(&json).unwrap();
+}
+
+#[test]
+fn a_context_and_slots_far_too_large_for_the_box_are_refused() {
+    let text = std::fs::read_to_string(test_support::default_profile())
+        .unwrap()
+        .replacen("ctx_size = 2048", "ctx_size = 32768", 1)
+        .replacen("parallel = 2", "parallel = 8", 1);
+    let profile = Profile::parse(&text, Path::new("big.toml")).unwrap();
+    let plan = server_plan(&test_support::default_model(), 32768, 8);
+    let e = profile.check_plan(&plan).unwrap_err().to_string();
+    assert!(e.contains("high_mib = 576 cannot hold the model"), "{e}");
+    assert!(e.contains("lower server.ctx_size/server.parallel"), "{e}");
 }

@@ -1,9 +1,10 @@
 //! `cargo xtask image`: the appliance as a UEFI-bootable qcow2 for Oracle Cloud, built from
 //! Debian packages without Nix, loop devices or mounts.
 //!
-//! Steps: check the host's tools; build the release binaries; fetch the model; make (or reuse)
-//! a Debian base root file system with mmdebstrap; install the binaries, the model and the
-//! files rendered from the profile into it; pack it with `mkfs.ext4 -d`; build the EFI system
+//! Steps: check the host's tools; build the release binaries; fetch the model; plan its memory
+//! with the server's own planner and hold the profile's limits to the plan; make (or reuse) a
+//! Debian base root file system with mmdebstrap; install the binaries, the model and the files
+//! rendered from the profile into it; pack it with `mkfs.ext4 -d`; build the EFI system
 //! partition with mtools; lay both out in a GPT disk with sgdisk; convert to qcow2; write a
 //! manifest. `--smoke` then boots the result in QEMU.
 
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use appliance::plan::{self, ServerPlan};
 use appliance::Profile;
 use xshell::{cmd, Shell};
 
@@ -143,6 +145,9 @@ impl Image {
             build_binaries(sh)
         })?;
         let model = progress.step("fetch and check the model", || model(sh, &profile))?;
+        let plan = progress.step("plan the server's memory (llm-server plan)", || {
+            memory_plan(sh, &binaries.server, &model, &profile)
+        })?;
         let base = progress.step("Debian base (mmdebstrap)", || {
             rootfs::base(sh, &out.join("cache"), self.fresh)
         })?;
@@ -157,7 +162,7 @@ impl Image {
             disk::build(sh, &root_dir, &work, &layout, &image)
         })?;
         progress.step("write the manifest", || {
-            let manifest = manifest(&profile, &image, &built, &binaries, &packages)?;
+            let manifest = manifest(&profile, &image, &built, &binaries, &packages, &plan)?;
             let path = out.join("manifest.json");
             std::fs::write(&path, serde_json::to_string_pretty(&manifest)? + "\n")
                 .with_context(|| format!("write {}", path.display()))
@@ -258,12 +263,56 @@ fn model(sh: &Shell, profile: &Profile) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The server's memory plan of the real model file at the profile's context and slots, from
+/// the binary the image installs (the NixOS module runs the same command, modules/plan-args.nix),
+/// and the profile's limits held to it; returns the planner's JSON, for the manifest.
+fn memory_plan(
+    sh: &Shell,
+    server: &Path,
+    model: &Path,
+    profile: &Profile,
+) -> Result<serde_json::Value> {
+    let s = &profile.server;
+    let args = plan::args(&model.to_string_lossy(), s.ctx_size, s.parallel);
+    let words = &args;
+    let out = cmd!(sh, "{server} {words...}")
+        .quiet()
+        .ignore_status()
+        .output()?;
+    // 2: the plan does not fit this build machine's own memory, which is not the box's.
+    if !matches!(out.status.code(), Some(0 | 2)) {
+        bail!(
+            "`{} {}` failed ({}): {}",
+            server.display(),
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        );
+    }
+    let json = String::from_utf8(out.stdout).context("llm-server plan printed non-UTF-8")?;
+    let plan = ServerPlan::parse(&json)?;
+    profile.check_plan(&plan)?;
+    let mib = |b: u64| b.div_ceil(plan::MIB);
+    eprintln!(
+        "    the server plans {} MiB (weights {}, KV cache {}, scratch {}, vocabulary {}); \
+         MemoryHigh {} MiB",
+        mib(plan.total_bytes),
+        mib(plan.weights_bytes),
+        mib(plan.kv_cache_bytes),
+        mib(plan.scratch_bytes),
+        mib(plan.vocabulary_bytes),
+        s.memory.high_mib
+    );
+    Ok(serde_json::from_str(&json)?)
+}
+
 fn manifest(
     profile: &Profile,
     image: &Path,
     built: &disk::Built,
     binaries: &Binaries,
     packages: &serde_json::Map<String, serde_json::Value>,
+    memory_plan: &serde_json::Value,
 ) -> Result<serde_json::Value> {
     let file = |path: &Path| -> Result<serde_json::Value> {
         Ok(serde_json::json!({
@@ -295,6 +344,73 @@ fn manifest(
             "bytes": profile.model.size_bytes,
             "sha256": profile.model.sha256,
         },
+        // As `llm-server plan --json` printed it on the build machine (its `limits` and `fits`
+        // are that machine's).
+        "memory_plan": memory_plan,
         "packages": packages,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A stand-in for `llm-server` that records its arguments and prints `plan` with `status`.
+    fn planner(dir: &Path, plan: &str, status: i32) -> PathBuf {
+        let path = dir.join("llm-server");
+        let args = dir.join("args");
+        let script = format!(
+            "#!/bin/sh\necho \"$@\" > '{}'\ncat <<'EOF'\n{plan}\nEOF\nexit {status}\n",
+            args.display()
+        );
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_plan_step_runs_the_planner_and_holds_the_profile_to_its_plan() {
+        let sh = Shell::new().unwrap();
+        let dir = std::env::temp_dir().join(format!("xtask-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let profile = Profile::load(&test_support::default_profile()).unwrap();
+        let model = dir.join(&profile.model.file);
+        let plan = |total: u64| {
+            format!(
+                r#"{{"model": "{}", "ctx_size": 2048, "parallel": 2, "weights_bytes": 246587904,
+                "kv_cache_bytes": 29263872, "scratch_bytes": 11502592,
+                "vocabulary_bytes": 27481190, "total_bytes": {total}, "fits": false}}"#,
+                model.display()
+            )
+        };
+        // Status 2 (does not fit this machine) is still a plan.
+        let server = planner(&dir, &plan(314835558), 2);
+        let json = memory_plan(&sh, &server, &model, &profile).unwrap();
+        assert_eq!(json["total_bytes"], 314835558);
+        let args = std::fs::read_to_string(dir.join("args")).unwrap();
+        assert_eq!(
+            args.trim_end(),
+            format!(
+                "plan --json --model {} --ctx-size 2048 --parallel 2",
+                model.display()
+            )
+        );
+        // A plan the limits cannot hold stops the build with the rule's message.
+        let server = planner(&dir, &plan(600 << 20), 0);
+        let e = format!(
+            "{:#}",
+            memory_plan(&sh, &server, &model, &profile).unwrap_err()
+        );
+        assert!(e.contains("high_mib = 576 cannot hold the model"), "{e}");
+        // Any other failure of the planner is an error naming the command.
+        let server = planner(&dir, "", 3);
+        let e = format!(
+            "{:#}",
+            memory_plan(&sh, &server, &model, &profile).unwrap_err()
+        );
+        assert!(e.contains("plan --json --model"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,5 +1,6 @@
 //! The memory stack as the kernel sees it: zram, sysctls, earlyoom, kernel OOM kills.
 
+use crate::paths;
 use crate::profile::Profile;
 use crate::render;
 
@@ -8,8 +9,10 @@ use super::{mib, Check, Host};
 /// zram0 exists, is active swap, and has the profile's size and algorithm.
 pub fn zram(profile: &Profile, host: &Host) -> Check {
     const NAME: &str = "zram";
-    let fix =
-        "check /etc/systemd/zram-generator.conf and `systemctl status systemd-zram-setup@zram0`";
+    let fix = &format!(
+        "check {} and `systemctl status systemd-zram-setup@zram0`",
+        paths::ZRAM_GENERATOR_CONF
+    );
     let z = &profile.zram;
     let Ok(disksize) = host.read("/sys/block/zram0/disksize") else {
         return Check::fail(NAME, "no zram0 device", fix);
@@ -149,7 +152,7 @@ pub fn sysctls(profile: &Profile, host: &Host) -> Check {
         Check::fail(
             NAME,
             wrong.join(", "),
-            "check /etc/sysctl.d/90-llm-appliance.conf, then `sysctl --system`",
+            format!("check {}, then `sysctl --system`", paths::SYSCTL_CONF),
         )
     }
 }
@@ -185,7 +188,10 @@ pub fn earlyoom(profile: &Profile, host: &Host) -> Check {
                 have.join(" "),
                 want.join(" ")
             ),
-            "check EARLYOOM_ARGS in /etc/default/earlyoom, then `systemctl restart earlyoom`",
+            format!(
+                "check EARLYOOM_ARGS in {}, then `systemctl restart earlyoom`",
+                paths::EARLYOOM_DEFAULTS
+            ),
         )
     }
 }
@@ -218,7 +224,7 @@ pub fn kernel_oom_kills(host: &Host) -> Check {
     if victims.is_empty() {
         return Check::ok(NAME, "no OOM kills since boot");
     }
-    let server_hit = victims.contains(&crate::profile::SERVER_PROCESS);
+    let server_hit = victims.contains(&paths::SERVER_PROCESS);
     Check::fail(
         NAME,
         format!(

@@ -4,9 +4,9 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
+use crate::paths::{SERVER_PROCESS, SERVER_UNIT};
 use crate::plan::MIB;
-use crate::profile::{Profile, SERVER_PROCESS};
-use crate::render::SERVER_UNIT;
+use crate::profile::Profile;
 
 use super::{keyed_value, mib, Check, Host, Process};
 

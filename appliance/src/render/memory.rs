@@ -36,7 +36,7 @@ pub fn earlyoom_args(profile: &Profile) -> Vec<String> {
         "-s".to_owned(),
         format!("{},{}", e.swap_term_percent, e.swap_kill_percent),
         "--avoid".to_owned(),
-        any_of(profile.earlyoom_avoid()),
+        any_of(e.avoided()),
     ];
     if !e.prefer.is_empty() {
         args.push("--prefer".to_owned());

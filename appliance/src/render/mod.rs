@@ -2,8 +2,10 @@
 //!
 //! Every file is a pure function of the profile. The output directory mirrors the root file
 //! system (`OUT/etc/nftables.conf` is installed as `/etc/nftables.conf`), so an image builder
-//! copies the tree as it is and enables [`UNITS_TO_ENABLE`].
+//! copies the tree as it is and enables [`paths::UNITS_TO_ENABLE`]. Where each file goes is in
+//! [`paths`].
 
+mod exec;
 mod memory;
 mod nftables;
 mod system;
@@ -12,27 +14,12 @@ mod units;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::paths;
 use crate::profile::Profile;
 
+pub use exec::command_line;
 pub use memory::earlyoom_args;
-
-/// Where the image keeps the model; the server's `--model` points inside it.
-pub const MODEL_DIR: &str = "/var/lib/llm/models";
-/// Where the image installs the two binaries.
-pub const SERVER_BINARY: &str = "/usr/local/bin/llm-server";
-pub const APPLIANCE_BINARY: &str = "/usr/local/bin/appliance";
-/// The server's unit.
-pub const SERVER_UNIT: &str = "llm-server.service";
-/// Units the image must enable (Debian's names for the packaged ones).
-pub const UNITS_TO_ENABLE: [&str; 7] = [
-    SERVER_UNIT,
-    units::SSH_KEYS_UNIT,
-    units::HOST_KEYS_UNIT,
-    units::BASELINE_UNIT,
-    "earlyoom.service",
-    "nftables.service",
-    "systemd-networkd.service",
-];
+pub use units::{memory_baseline_command, server_args, ssh_keys_commands};
 
 /// One rendered file: where it goes on the box, its mode, and its text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,42 +42,24 @@ impl File {
 /// Everything the image needs from the profile, in a stable order.
 pub fn render(profile: &Profile) -> Vec<File> {
     vec![
-        File::config("/etc/llm-appliance/profile.toml", profile.source.clone()),
-        File::config(
-            "/etc/systemd/zram-generator.conf",
-            memory::zram_generator(profile),
-        ),
-        File::config(
-            "/etc/sysctl.d/90-llm-appliance.conf",
-            memory::sysctl(profile),
-        ),
-        File::config("/etc/default/earlyoom", memory::earlyoom_defaults(profile)),
+        File::config(paths::PROFILE, profile.source.clone()),
+        File::config(paths::ZRAM_GENERATOR_CONF, memory::zram_generator(profile)),
+        File::config(paths::SYSCTL_CONF, memory::sysctl(profile)),
+        File::config(paths::EARLYOOM_DEFAULTS, memory::earlyoom_defaults(profile)),
         File {
-            path: "/etc/nftables.conf",
+            path: paths::NFTABLES_CONF,
             mode: 0o755,
             contents: nftables::ruleset(profile),
         },
-        File::config(
-            "/etc/systemd/system/llm-server.service",
-            units::server(profile),
-        ),
-        File::config(units::SSH_KEYS_PATH, units::ssh_keys(profile)),
-        File::config(units::HOST_KEYS_PATH, units::host_keys(profile)),
-        File::config(units::BASELINE_PATH, units::memory_baseline(profile)),
-        File::config(
-            "/etc/ssh/sshd_config.d/50-llm-appliance.conf",
-            system::sshd(profile),
-        ),
-        File::config("/etc/hostname", format!("{}\n", profile.machine.hostname)),
-        File::config("/etc/hosts", system::hosts(profile)),
-        File::config(
-            "/etc/systemd/network/50-dhcp.network",
-            system::network(profile),
-        ),
-        File::config(
-            "/etc/systemd/journald.conf.d/50-llm-appliance.conf",
-            system::journald(profile),
-        ),
+        File::config(paths::SERVER_UNIT_PATH, units::server(profile)),
+        File::config(paths::SSH_KEYS_UNIT_PATH, units::ssh_keys(profile)),
+        File::config(paths::HOST_KEYS_UNIT_PATH, units::host_keys(profile)),
+        File::config(paths::BASELINE_UNIT_PATH, units::memory_baseline(profile)),
+        File::config(paths::SSHD_CONF, system::sshd(profile)),
+        File::config(paths::HOSTNAME, format!("{}\n", profile.machine.hostname)),
+        File::config(paths::HOSTS, system::hosts(profile)),
+        File::config(paths::NETWORK_CONF, system::network(profile)),
+        File::config(paths::JOURNALD_CONF, system::journald(profile)),
     ]
 }
 

@@ -1,30 +1,42 @@
-//! systemd units: the server, and the two first-boot jobs that make SSH work.
+//! systemd units: the server, the two first-boot jobs that make SSH work, and the memory
+//! baseline. Their commands are argument lists (as in modules/profile.nix), written out by
+//! [`command_line`].
 
+use crate::paths::{self, SERVER_BINARY};
 use crate::profile::Profile;
 
-use super::{header, SERVER_BINARY};
-
-pub const SSH_KEYS_UNIT: &str = "oci-ssh-keys.service";
-pub const SSH_KEYS_PATH: &str = "/etc/systemd/system/oci-ssh-keys.service";
-pub const HOST_KEYS_UNIT: &str = "ssh-host-keys.service";
-pub const HOST_KEYS_PATH: &str = "/etc/systemd/system/ssh-host-keys.service";
-pub const BASELINE_UNIT: &str = "memory-baseline.service";
-pub const BASELINE_PATH: &str = "/etc/systemd/system/memory-baseline.service";
+use super::exec::command_line;
+use super::header;
 
 /// `llm-server` exits with this status when the CPU lacks x86-64-v3 (server/src/main.rs):
 /// restarting cannot help, so systemd must not loop on it.
 const CPU_REFUSED_STATUS: u8 = 3;
 
-/// The server's command line.
-pub fn server_command(profile: &Profile) -> String {
+/// The arguments of `llm-server serve` (server/src/cli/serve.rs), one word each, as
+/// modules/serve-args.nix gives them to the NixOS module. The appliance serves on every
+/// address; the nftables allowlist decides who may connect.
+pub fn server_args(profile: &Profile) -> Vec<String> {
     let s = &profile.server;
-    format!(
-        "{SERVER_BINARY} serve --model {} --host 0.0.0.0 --port {} --ctx-size {} --parallel {}",
+    vec![
+        "serve".to_owned(),
+        "--model".to_owned(),
         profile.model_path(),
-        s.api_port,
-        s.ctx_size,
-        s.parallel
-    )
+        "--host".to_owned(),
+        "0.0.0.0".to_owned(),
+        "--port".to_owned(),
+        s.api_port.to_string(),
+        "--ctx-size".to_owned(),
+        s.ctx_size.to_string(),
+        "--parallel".to_owned(),
+        s.parallel.to_string(),
+    ]
+}
+
+/// A command given by program name, with Debian's path for the program.
+fn debian_command(words: &[String]) -> String {
+    let mut words = words.to_vec();
+    words[0] = paths::debian_program(&words[0]);
+    command_line(&words)
 }
 
 /// `llm-server.service`: ready once the model is loaded, always restarted, protected in memory,
@@ -39,6 +51,8 @@ pub fn server(profile: &Profile) -> String {
     } else {
         format!("WatchdogSec={}\n", s.watchdog_sec)
     };
+    let mut command = vec![SERVER_BINARY.to_owned()];
+    command.extend(server_args(profile));
     format!(
         "{header}
 [Unit]
@@ -94,7 +108,7 @@ UMask=0077
 WantedBy=multi-user.target
 ",
         header = header(profile, "#"),
-        command = server_command(profile),
+        command = command_line(&command),
         restart = s.restart_sec,
         start_timeout = s.start_timeout_sec,
         oom = s.oom_score_adjust,
@@ -111,6 +125,45 @@ pub fn ssh_keys_url(profile: &Profile) -> String {
         "http://{}/opc/v2/instance/metadata/ssh_authorized_keys",
         profile.oci.metadata_address
     )
+}
+
+/// The key fetcher's commands by program name: fetch into the private runtime directory, parse,
+/// install.
+pub fn ssh_keys_commands(profile: &Profile) -> Vec<Vec<String>> {
+    let fetched = "/run/oci-ssh-keys/authorized_keys";
+    let words = |ws: &[&str]| ws.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+    let url = ssh_keys_url(profile);
+    vec![
+        words(&[
+            "curl",
+            "--fail",
+            "--silent",
+            "--show-error",
+            "--retry",
+            "10",
+            "--retry-delay",
+            "3",
+            "--retry-all-errors",
+            "--connect-timeout",
+            "5",
+            "--max-time",
+            "20",
+            "-H",
+            "Authorization: Bearer Oracle",
+            "-o",
+            fetched,
+            &url,
+        ]),
+        words(&["ssh-keygen", "-l", "-f", fetched]),
+        words(&["install", "-d", "-m", "0700", "/root/.ssh"]),
+        words(&[
+            "install",
+            "-m",
+            "0600",
+            fetched,
+            "/root/.ssh/authorized_keys",
+        ]),
+    ]
 }
 
 /// Fetches root's SSH keys from OCI's metadata service at every boot. The keys land in a
@@ -130,16 +183,15 @@ Type=oneshot
 RemainAfterExit=yes
 RuntimeDirectory=oci-ssh-keys
 RuntimeDirectoryMode=0700
-ExecStart=/usr/bin/curl --fail --silent --show-error --retry 10 --retry-delay 3 --retry-all-errors --connect-timeout 5 --max-time 20 -H \"Authorization: Bearer Oracle\" -o /run/oci-ssh-keys/authorized_keys {url}
-ExecStart=/usr/bin/ssh-keygen -l -f /run/oci-ssh-keys/authorized_keys
-ExecStart=/usr/bin/install -d -m 0700 /root/.ssh
-ExecStart=/usr/bin/install -m 0600 /run/oci-ssh-keys/authorized_keys /root/.ssh/authorized_keys
-
+{commands}
 [Install]
 WantedBy=multi-user.target
 ",
         header = header(profile, "#"),
-        url = ssh_keys_url(profile),
+        commands = ssh_keys_commands(profile)
+            .iter()
+            .map(|c| format!("ExecStart={}\n", debian_command(c)))
+            .collect::<String>(),
     )
 }
 
@@ -147,21 +199,28 @@ WantedBy=multi-user.target
 /// share them.
 pub fn host_keys(profile: &Profile) -> String {
     format!(
-        "{}
+        "{header}
 [Unit]
 Description=Generate this machine's SSH host keys on first boot
 ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
-Before=ssh.service
+Before={ssh}
 
 [Service]
 Type=oneshot
-ExecStart=/usr/bin/ssh-keygen -A
+ExecStart={command}
 
 [Install]
-WantedBy=ssh.service
+WantedBy={ssh}
 ",
-        header(profile, "#")
+        header = header(profile, "#"),
+        ssh = paths::SSH_UNIT,
+        command = debian_command(&["ssh-keygen".to_owned(), "-A".to_owned()]),
     )
+}
+
+/// The memory baseline's command by program name.
+pub fn memory_baseline_command() -> Vec<String> {
+    vec!["free".to_owned(), "--mebi".to_owned()]
 }
 
 /// Prints the memory the OS uses once its own services are up and before the server starts
@@ -169,21 +228,26 @@ WantedBy=ssh.service
 /// OCI's console history and the VM tests read it: the headroom the profile plans on.
 pub fn memory_baseline(profile: &Profile) -> String {
     format!(
-        "{}
+        "{header}
 [Unit]
 Description=Record the memory the OS uses before the LLM server starts
-After=ssh.service earlyoom.service nftables.service systemd-networkd.service systemd-logind.service
-Before={}
+After={ssh} {earlyoom} {nftables} {networkd} systemd-logind.service
+Before={server}
 
 [Service]
 Type=oneshot
-ExecStart=/usr/bin/free --mebi
+ExecStart={command}
 StandardOutput=journal+console
 
 [Install]
 WantedBy=multi-user.target
 ",
-        header(profile, "#"),
-        super::SERVER_UNIT
+        header = header(profile, "#"),
+        ssh = paths::SSH_UNIT,
+        earlyoom = paths::EARLYOOM_UNIT,
+        nftables = paths::NFTABLES_UNIT,
+        networkd = paths::NETWORKD_UNIT,
+        server = paths::SERVER_UNIT,
+        command = debian_command(&memory_baseline_command()),
     )
 }

@@ -1,5 +1,7 @@
-//! `llm-server plan`: the memory the server would hold, beside the limits it runs under.
-//! `serve` runs the same check before loading anything.
+//! `llm-server plan`: the memory the server would hold, beside the limits it runs under, as a
+//! table or (`--json`) for programs: the appliance's image builders plan the real model file
+//! this way and hold the profile's memory limits to the result. `serve` runs the same check
+//! before loading anything.
 
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -25,6 +27,10 @@ pub struct Plan {
     model: PathBuf,
     #[command(flatten)]
     sizing: Sizing,
+    /// Print the plan as JSON (the inputs, every part in bytes, the limits and the verdict)
+    /// instead of the table. The exit status is the same.
+    #[arg(long)]
+    json: bool,
 }
 
 /// How much the server allocates: shared by `plan` and `serve`.
@@ -154,13 +160,72 @@ impl Checked {
         }
         out
     }
+
+    /// The plan for programs: what was planned, each part and the total in bytes, the limits
+    /// found and whether the plan fits them.
+    pub fn json(&self, model: &str) -> PlanJson<'_> {
+        let p = &self.plan;
+        PlanJson {
+            model: model.to_owned(),
+            ctx_size: p.n_ctx,
+            parallel: p.parallel,
+            n_ctx_train: self.n_ctx_train,
+            weights_bytes: p.weights_bytes,
+            kv_cache_bytes: p.kv_bytes,
+            scratch_bytes: p.scratch_bytes,
+            vocabulary_bytes: p.vocab_bytes,
+            total_bytes: p.total(),
+            limits: self
+                .limits
+                .limits
+                .iter()
+                .map(|l| LimitJson {
+                    source: &l.source,
+                    bytes: l.bytes,
+                })
+                .collect(),
+            fits: self.fits(),
+        }
+    }
+}
+
+/// `plan --json`. The keys are an interface (the appliance's image builders read them,
+/// appliance/src/plan.rs): add keys, never rename one.
+#[derive(serde::Serialize)]
+pub struct PlanJson<'a> {
+    /// The inputs: the model file as given, the context per slot as planned (`auto` and the
+    /// default resolved), the slots.
+    model: String,
+    ctx_size: usize,
+    parallel: usize,
+    n_ctx_train: usize,
+    weights_bytes: u64,
+    kv_cache_bytes: u64,
+    scratch_bytes: u64,
+    vocabulary_bytes: u64,
+    total_bytes: u64,
+    /// Every limit found on this machine (`source`, `bytes`), and the verdict against the
+    /// tightest.
+    limits: Vec<LimitJson<'a>>,
+    fits: bool,
+}
+
+#[derive(serde::Serialize)]
+struct LimitJson<'a> {
+    source: &'a str,
+    bytes: u64,
 }
 
 impl Plan {
     pub fn run(self) -> CliResult {
         let gguf = Gguf::open(&self.model)?;
         let checked = Checked::new(&gguf, self.sizing)?;
-        print!("{}", checked.table(&self.model.display().to_string()));
+        let model = self.model.display().to_string();
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(&checked.json(&model))?);
+        } else {
+            print!("{}", checked.table(&model));
+        }
         if !checked.fits() {
             // A distinct status, so scripts can tell "does not fit" from "cannot read the model".
             std::process::exit(EXIT_DOES_NOT_FIT);
@@ -179,5 +244,35 @@ mod tests {
         assert_eq!("2048".parse(), Ok(CtxSize::Tokens(2048)));
         assert!("0".parse::<CtxSize>().is_err());
         assert!("big".parse::<CtxSize>().unwrap_err().contains("`big`"));
+    }
+
+    #[test]
+    fn json_holds_the_inputs_and_every_part_of_the_plan() {
+        let gguf = Gguf::open(&test_support::synth("synth-gemma3-q8_0.gguf")).unwrap();
+        let sizing = Sizing {
+            ctx_size: Some(CtxSize::Tokens(512)),
+            parallel: 2,
+        };
+        let checked = Checked::new(&gguf, sizing).unwrap();
+        let json = serde_json::to_value(checked.json("m.gguf")).unwrap();
+        let p = &checked.plan;
+        let number = |key: &str| {
+            json[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{key}: {json}"))
+        };
+        assert_eq!(json["model"], "m.gguf");
+        assert_eq!((number("ctx_size"), number("parallel")), (512, 2));
+        assert_eq!(number("n_ctx_train"), checked.n_ctx_train as u64);
+        assert_eq!(number("weights_bytes"), p.weights_bytes);
+        assert_eq!(number("kv_cache_bytes"), p.kv_bytes);
+        assert_eq!(number("scratch_bytes"), p.scratch_bytes);
+        assert_eq!(number("vocabulary_bytes"), p.vocab_bytes);
+        assert_eq!(number("total_bytes"), p.total());
+        assert_eq!(json["fits"], checked.fits());
+        assert_eq!(
+            json["limits"].as_array().unwrap().len(),
+            checked.limits.limits.len()
+        );
     }
 }

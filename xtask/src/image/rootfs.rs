@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use appliance::{render, Profile};
+use appliance::{paths, render, Profile};
 use xshell::{cmd, Shell};
 
 use super::disk::Layout;
@@ -114,12 +114,12 @@ pub fn assemble(
     render::write(&render::render(profile), root).context("install the rendered files")?;
     install(
         &binaries.server,
-        &root.join(render::SERVER_BINARY.trim_start_matches('/')),
+        &root.join(paths::SERVER_BINARY.trim_start_matches('/')),
         0o755,
     )?;
     install(
         &binaries.appliance,
-        &root.join(render::APPLIANCE_BINARY.trim_start_matches('/')),
+        &root.join(paths::APPLIANCE_BINARY.trim_start_matches('/')),
         0o755,
     )?;
     let model_dest = root.join(profile.model_path().trim_start_matches('/'));
@@ -151,7 +151,7 @@ pub fn assemble(
     }
     std::fs::write(root.join("etc/machine-id"), "")?;
 
-    let enable = render::UNITS_TO_ENABLE;
+    let enable = paths::UNITS_TO_ENABLE;
     cmd!(sh, "systemctl --root={root} enable --quiet {enable...}").run()?;
     cmd!(
         sh,

@@ -1,0 +1,84 @@
+//! The appliance profile (`profiles/*.toml`): every value the appliance is built from, parsed
+//! strictly and checked for consistency on load. Each section checks its own keys
+//! (`schema.rs`); `check.rs` relates the sections, and holds the server's limits to the
+//! server's own memory plan of the model once one is given ([`Profile::check_plan`]).
+
+mod check;
+mod schema;
+
+use std::path::{Path, PathBuf};
+
+pub use check::RUNTIME_ALLOWANCE_BYTES;
+pub use schema::*;
+
+use crate::plan::ServerPlan;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("cannot read the profile {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the profile {path} is not valid: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("the profile {path} does not fit together:\n{}", bullets(.problems))]
+    Inconsistent {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
+    #[error("the profile `{name}` cannot hold the server's memory plan:\n{}", bullets(.problems))]
+    Plan { name: String, problems: Vec<String> },
+}
+
+fn bullets(problems: &[String]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Profile {
+    pub fn load(path: &Path) -> Result<Profile, ProfileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Profile::parse(&text, path)
+    }
+
+    /// Parses and checks `text`; `path` only names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Profile, ProfileError> {
+        let mut profile: Profile = toml::from_str(text).map_err(|e| ProfileError::Syntax {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let mut problems = Vec::new();
+        profile.section_problems(&mut problems);
+        check::across_sections(&profile, &mut problems);
+        if !problems.is_empty() {
+            return Err(ProfileError::Inconsistent {
+                path: path.to_owned(),
+                problems,
+            });
+        }
+        profile.source = text.to_owned();
+        Ok(profile)
+    }
+
+    /// Holds the server's memory limits to `plan`, the server's plan of this profile's model
+    /// (`llm-server plan --json` with [`crate::plan::args`]). Loading cannot do this: it needs
+    /// the model file, which the box's `appliance doctor` and a profile under review lack.
+    pub fn check_plan(&self, plan: &ServerPlan) -> Result<(), ProfileError> {
+        let problems = check::memory(self, plan);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ProfileError::Plan {
+                name: self.machine.name.clone(),
+                problems,
+            })
+        }
+    }
+}

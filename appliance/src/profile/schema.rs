@@ -1,0 +1,348 @@
+//! The profile's sections as the TOML spells them, parsed strictly, and what each section must
+//! satisfy on its own. Checks that relate several sections are in `check.rs`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::Deserialize;
+
+use crate::cidr::Cidr;
+use crate::paths::{self, SERVER_PROCESS};
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub machine: Machine,
+    pub model: Model,
+    pub server: Server,
+    pub zram: Zram,
+    pub sysctl: BTreeMap<String, SysctlValue>,
+    pub earlyoom: Earlyoom,
+    pub network: Network,
+    pub oci: Oci,
+    /// The file as written, installed verbatim so the box carries its own policy.
+    #[serde(skip)]
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Machine {
+    pub name: String,
+    pub hostname: String,
+    pub ram_mib: u64,
+    /// MemAvailable promised with the model loaded and idle.
+    pub headroom_mib: u64,
+}
+
+/// Which file the image carries. Its shape (and so its memory) is read from the file itself by
+/// the server's planner (`crate::plan`), not copied here.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    /// File name under the image's model directory.
+    pub file: String,
+    pub sha256: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    pub api_port: Port,
+    pub ctx_size: u32,
+    pub parallel: u32,
+    pub start_timeout_sec: u32,
+    pub watchdog_sec: u32,
+    pub restart_sec: u32,
+    pub oom_score_adjust: i32,
+    pub memory: MemoryLimits,
+}
+
+/// The server unit's cgroup limits, in MiB.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryLimits {
+    pub min_mib: u64,
+    pub low_mib: u64,
+    pub high_mib: u64,
+    pub max_mib: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Zram {
+    pub percent_of_ram: u64,
+    pub max_mib: u64,
+    pub algorithm: String,
+    pub swap_priority: i32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Earlyoom {
+    pub mem_term_percent: u8,
+    pub mem_kill_percent: u8,
+    pub swap_term_percent: u8,
+    pub swap_kill_percent: u8,
+    pub avoid: Vec<String>,
+    pub prefer: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    pub ssh_port: Port,
+    pub ssh_cidrs: Vec<Cidr>,
+    pub api_cidrs: Vec<Cidr>,
+    pub egress_cidrs: Vec<Cidr>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Oci {
+    pub metadata_address: IpAddr,
+}
+
+/// A TCP port, 1 to 65535.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "i64")]
+pub struct Port(pub u16);
+
+impl TryFrom<i64> for Port {
+    type Error = String;
+
+    fn try_from(n: i64) -> Result<Self, String> {
+        u16::try_from(n)
+            .ok()
+            .filter(|p| *p != 0)
+            .map(Port)
+            .ok_or_else(|| format!("port {n} is out of range: use 1 to 65535"))
+    }
+}
+
+impl fmt::Display for Port {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A sysctl's value as written in the profile and as `/proc/sys` prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum SysctlValue {
+    Int(i64),
+    Text(String),
+}
+
+impl fmt::Display for SysctlValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SysctlValue::Int(n) => n.fmt(f),
+            SysctlValue::Text(s) => s.fmt(f),
+        }
+    }
+}
+
+/// Compression algorithms the kernel's zram accepts.
+const ZRAM_ALGORITHMS: [&str; 6] = ["lzo", "lzo-rle", "lz4", "lz4hc", "zstd", "842"];
+/// `/proc/PID/comm`, which earlyoom matches, holds at most this many bytes of a process name.
+const COMM_MAX: usize = 15;
+
+impl Profile {
+    /// The model's path on the box.
+    pub fn model_path(&self) -> String {
+        paths::model(&self.model.file)
+    }
+
+    /// Every section's own problems, each naming the key and the fix.
+    pub(super) fn section_problems(&self, p: &mut Vec<String>) {
+        self.machine.problems(p);
+        self.model.problems(p);
+        self.server.problems(p);
+        self.zram.problems(p);
+        sysctl_problems(&self.sysctl, p);
+        self.earlyoom.problems(p);
+        self.network.problems(p);
+    }
+}
+
+impl Machine {
+    fn problems(&self, p: &mut Vec<String>) {
+        if !is_name(&self.name) {
+            p.push(format!(
+                "machine.name `{}` must be lowercase letters, digits and `-`",
+                self.name
+            ));
+        }
+        let hostname_ok =
+            !self.hostname.is_empty() && self.hostname.len() <= 63 && is_name(&self.hostname);
+        if !hostname_ok {
+            p.push(format!(
+                "machine.hostname `{}` must be 1 to 63 lowercase letters, digits and `-`",
+                self.hostname
+            ));
+        }
+        if self.ram_mib < 256 {
+            p.push(format!(
+                "machine.ram_mib = {} is below the 256 MiB the OS alone needs",
+                self.ram_mib
+            ));
+        }
+    }
+}
+
+impl Model {
+    fn problems(&self, p: &mut Vec<String>) {
+        if self.file.contains('/')
+            || self.file.contains(char::is_control)
+            || !self.file.ends_with(".gguf")
+        {
+            p.push(format!(
+                "model.file `{}` must be a bare file name ending in `.gguf`",
+                self.file
+            ));
+        }
+        let hex = self.sha256.len() == 64
+            && self
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !hex {
+            p.push(format!(
+                "model.sha256 `{}` must be 64 lowercase hex digits (`sha256sum` prints it)",
+                self.sha256
+            ));
+        }
+        if self.size_bytes == 0 {
+            p.push(
+                "model.size_bytes is 0: give the file's size (`stat -c %s FILE` prints it)".into(),
+            );
+        }
+    }
+}
+
+impl Server {
+    fn problems(&self, p: &mut Vec<String>) {
+        let m = &self.memory;
+        if self.ctx_size == 0 || self.parallel == 0 {
+            p.push("server.ctx_size and server.parallel must be at least 1".into());
+        }
+        if self.watchdog_sec != 0 && self.watchdog_sec < 2 {
+            p.push("server.watchdog_sec must be 0 (off) or at least 2".into());
+        }
+        if !(-1000..=1000).contains(&self.oom_score_adjust) {
+            p.push(format!(
+                "server.oom_score_adjust = {} is outside the kernel's -1000..=1000",
+                self.oom_score_adjust
+            ));
+        }
+        if !(m.min_mib <= m.low_mib && m.low_mib <= m.high_mib && m.high_mib <= m.max_mib) {
+            p.push(format!(
+                "server.memory must satisfy min_mib <= low_mib <= high_mib <= max_mib \
+                 (have {} <= {} <= {} <= {})",
+                m.min_mib, m.low_mib, m.high_mib, m.max_mib
+            ));
+        }
+    }
+}
+
+impl Zram {
+    fn problems(&self, p: &mut Vec<String>) {
+        if !ZRAM_ALGORITHMS.contains(&self.algorithm.as_str()) {
+            p.push(format!(
+                "zram.algorithm `{}` is not one of {}",
+                self.algorithm,
+                ZRAM_ALGORITHMS.join(", ")
+            ));
+        }
+        if !(1..=100).contains(&self.percent_of_ram) {
+            p.push(format!(
+                "zram.percent_of_ram = {} must be 1 to 100",
+                self.percent_of_ram
+            ));
+        }
+    }
+}
+
+fn sysctl_problems(sysctl: &BTreeMap<String, SysctlValue>, p: &mut Vec<String>) {
+    for (key, value) in sysctl {
+        let well_formed = !key.is_empty()
+            && key.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            });
+        if !well_formed {
+            p.push(format!(
+                "sysctl `{key}` is not a sysctl name like `vm.swappiness`"
+            ));
+        }
+        if let SysctlValue::Text(s) = value {
+            if s.is_empty() || s.contains(['\n', '\0']) {
+                p.push(format!(
+                    "sysctl `{key}` must have a one-line, non-empty value"
+                ));
+            }
+        }
+    }
+}
+
+impl Earlyoom {
+    /// The process names earlyoom must leave alone, the server first.
+    pub fn avoided(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(SERVER_PROCESS).chain(self.avoid.iter().map(String::as_str))
+    }
+
+    fn problems(&self, p: &mut Vec<String>) {
+        for (key, term, kill) in [
+            ("mem", self.mem_term_percent, self.mem_kill_percent),
+            ("swap", self.swap_term_percent, self.swap_kill_percent),
+        ] {
+            if term > 100 || kill > term {
+                p.push(format!(
+                    "earlyoom.{key}_kill_percent ({kill}) <= earlyoom.{key}_term_percent ({term}) \
+                     <= 100 must hold"
+                ));
+            }
+        }
+        for (key, names) in [("avoid", &self.avoid), ("prefer", &self.prefer)] {
+            for name in names {
+                let valid = !name.is_empty()
+                    && name.len() <= COMM_MAX
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                if !valid {
+                    p.push(format!(
+                        "earlyoom.{key} entry `{name}` must be a process name as /proc/PID/comm \
+                         shows it: 1 to {COMM_MAX} letters, digits, `-` or `_` (longer names are \
+                         cut to their first {COMM_MAX} characters)"
+                    ));
+                }
+            }
+        }
+        if let Some(name) = self.prefer.iter().find(|n| self.avoided().any(|a| a == *n)) {
+            p.push(format!(
+                "earlyoom: `{name}` is both avoided and preferred; keep it in one list"
+            ));
+        }
+    }
+}
+
+impl Network {
+    fn problems(&self, p: &mut Vec<String>) {
+        if self.ssh_cidrs.is_empty() {
+            p.push("network.ssh_cidrs is empty: nobody could log in; list the admin networks (`0.0.0.0/0` for any)".into());
+        }
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
