@@ -7,7 +7,7 @@ use std::path::Path;
 use appliance::plan::ServerPlan;
 use appliance::profile::{Profile, SysctlValue};
 
-const E2_MICRO: &str = include_str!("../profiles/e2-micro.toml");
+const E2_MICRO: &str = include_str!("../../profiles/e2-micro.toml");
 
 /// The shipped profile with `from` replaced by `to` (which must occur).
 fn edited(from: &str, to: &str) -> String {

@@ -8,16 +8,14 @@
 //! Nix evaluates pure expressions without nixpkgs (Debian's `nix-bin` is enough), so these run
 //! in CI; a missing `nix-instantiate` fails them with the install command rather than skipping.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::exec_words;
 use appliance::paths;
 use appliance::profile::Profile;
 use appliance::render::{self, File};
-use common::exec_words;
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {

@@ -2,15 +2,13 @@
 //! matter where it is long, and the real tools (`nft --check`, `systemd-analyze verify`) where
 //! they are installed.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::common::exec_words;
 use appliance::paths;
 use appliance::profile::Profile;
 use appliance::render::{self, File};
-use common::exec_words;
 
 fn e2_micro() -> Profile {
     Profile::load(&test_support::default_profile()).unwrap()
@@ -371,5 +369,5 @@ fn write_mirrors_the_root_file_system() {
     );
     let profile =
         std::fs::read_to_string(dir.path().join("etc/llm-appliance/profile.toml")).unwrap();
-    assert_eq!(profile, include_str!("../profiles/e2-micro.toml"));
+    assert_eq!(profile, include_str!("../../profiles/e2-micro.toml"));
 }

@@ -1,0 +1,11 @@
+//! The appliance's integration tests: the profile, its rendered files (Debian and NixOS sides),
+//! the doctor and the server's memory plan.
+//! `autotests = false`: every integration test of this crate is a module of this one binary,
+//! so the crate's dependencies are linked once.
+
+mod common;
+mod doctor;
+mod nix_profile;
+mod profile;
+mod render;
+mod server_plan;
