@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::serve::error::ApiError;
-use crate::serve::json::JsonBody;
+use crate::serve::extract::JsonBody;
 use crate::serve::AppState;
 
 #[derive(Deserialize)]
@@ -33,7 +33,7 @@ pub async fn tokenize(
 ) -> Result<Json<Value>, ApiError> {
     state.engine()?;
     let tokens = tokio::task::spawn_blocking(move || {
-        let tokenizer = state.engine()?.model.tokenizer();
+        let tokenizer = state.engine()?.model().tokenizer();
         let ids = tokenizer.encode(&req.content, req.add_special, req.parse_special);
         if !req.with_pieces {
             return Ok(json!(ids));
@@ -66,7 +66,7 @@ pub async fn detokenize(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<DetokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let tokenizer = state.engine()?.model.tokenizer();
+    let tokenizer = state.engine()?.model().tokenizer();
     super::generate::check_token_ids(&req.tokens, tokenizer.n_vocab(), "tokens")?;
     Ok(Json(
         json!({ "content": tokenizer.decode(&req.tokens, true) }),
