@@ -7,7 +7,8 @@ use axum::extract::State;
 use axum::response::Response;
 
 use super::answer::{self, Kind};
-use crate::engine::{Engine, Generation, Refused};
+use super::blocking;
+use crate::engine::{Generation, Refused};
 use crate::serve::error::ApiError;
 use crate::serve::extract::JsonBody;
 use crate::serve::openai::{ChatRequest, Checked, CompletionRequest, Delivery, PromptInput};
@@ -20,14 +21,16 @@ pub async fn chat(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
+    // While the model loads, 503 comes before any complaint about the request's values.
     state.engine()?;
     let Checked {
         input: turns,
         generation,
         delivery,
     } = req.check()?;
-    let prompt = blocking(&state, move |engine| {
-        (engine.chat_prompt(&turns)).map_err(|e| ApiError::bad_param("messages", e.to_string()))
+    let prompt = blocking(&state, "tokenizer", move |engine| {
+        let prompt = engine.chat_prompt(&turns);
+        prompt.map_err(|e| ApiError::bad_param("messages", e.to_string()))
     })
     .await?;
     generate(&state, prompt, generation, delivery, Kind::Chat).await
@@ -45,14 +48,13 @@ pub async fn completions(
     } = req.check()?;
     let prompt = match input {
         PromptInput::Tokens(ids) => {
-            check_token_ids(
-                &ids,
-                state.engine()?.model().tokenizer().n_vocab(),
-                "prompt",
-            )?;
+            let n_vocab = state.engine()?.model().tokenizer().n_vocab();
+            check_token_ids(&ids, n_vocab, "prompt")?;
             ids
         }
-        PromptInput::Text(text) => blocking(&state, move |e| Ok(e.text_prompt(&text))).await?,
+        PromptInput::Text(text) => {
+            blocking(&state, "tokenizer", move |e| Ok(e.text_prompt(&text))).await?
+        }
     };
     generate(&state, prompt, generation, delivery, Kind::Completion).await
 }
@@ -66,17 +68,6 @@ pub fn check_token_ids(ids: &[u32], n_vocab: usize, param: &'static str) -> Resu
         )),
         None => Ok(()),
     }
-}
-
-/// Runs CPU work (templating, tokenizing) on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(
-    state: &AppState,
-    work: impl FnOnce(&Engine) -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || work(state.engine()?))
-        .await
-        .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?
 }
 
 /// Submits the job, then answers as the request asked.
