@@ -53,7 +53,7 @@ impl Default for AppConfig {
 }
 
 pub struct App {
-    /// Dropped last, after every task holding the state.
+    /// Dropped first, with every task holding the state; the engine then stops with it.
     runtime: Runtime,
     state: AppState,
     router: Router,
