@@ -1,6 +1,7 @@
 //! `llm-server`: a CPU inference engine for GGUF models, built for small x86-64-v3 machines.
 
 pub mod cpu;
+pub mod engine;
 pub mod gguf;
 pub mod limits;
 pub mod model;

@@ -1,6 +1,7 @@
-//! `llm-server serve` over HTTP with the tiny synthetic Gemma 3 model: response shapes, every
-//! error status, slots, queue, disconnects, auth, shutdown. The default model and the official
-//! SDK are in `serve_clients.rs`.
+//! `llm-server serve` with the tiny synthetic Gemma 3 model: response shapes, every error
+//! status, slots, queue, auth and the OpenAPI document in process against the router; then,
+//! against the spawned binary, what needs a process: disconnects, signals and systemd's
+//! notifications. The default model and the official SDK are in `serve_clients.rs`.
 
 mod serve_support;
 
@@ -11,7 +12,11 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use llm_server::engine::Slots;
+use llm_server::serve::auth::ApiKeys;
+use llm_server::serve::HttpConfig;
 use serde_json::{json, Value};
+use serve_support::app::{App, AppConfig, Stream};
 use serve_support::{read_head, synth_model, write_request, Server};
 
 /// The synthetic model's context (its training context).
@@ -20,8 +25,12 @@ const N_CTX: usize = 512;
 /// For tests that need a generation to outlast them: a context beyond the synthetic model's
 /// training context (allowed, with a note in the plan) and that many tokens to generate take
 /// seconds even if decoding gets much faster.
-const LONG_CTX: &str = "8192";
+const LONG_CTX: usize = 8192;
 const LONG_GENERATION: u32 = 8000;
+
+fn app(config: AppConfig) -> App {
+    App::start(config)
+}
 
 fn server(args: &[&str]) -> Server {
     Server::start(&synth_model(), args)
@@ -42,7 +51,7 @@ fn chat_body(max_tokens: u32, stream: bool) -> Value {
 
 #[test]
 fn chat_non_streamed_and_streamed_agree() {
-    let s = server(&[]);
+    let s = app(AppConfig::default());
     let r = s.post_json("/v1/chat/completions", &chat_body(6, false));
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
@@ -107,7 +116,7 @@ fn chat_non_streamed_and_streamed_agree() {
 
 #[test]
 fn completions_stop_sequences_and_token_prompts() {
-    let s = server(&[]);
+    let s = app(AppConfig::default());
     let complete = |extra: Value| {
         let mut body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
         body.as_object_mut()
@@ -164,7 +173,10 @@ fn completions_stop_sequences_and_token_prompts() {
 
 #[test]
 fn tokenize_detokenize_models_health_metrics() {
-    let s = server(&["--alias", "tiny"]);
+    let s = app(AppConfig {
+        alias: Some("tiny".into()),
+        ..AppConfig::default()
+    });
     let ids = s
         .post_json("/tokenize", &json!({"content": "Hello world"}))
         .json()["tokens"]
@@ -215,7 +227,7 @@ fn tokenize_detokenize_models_health_metrics() {
 
 #[test]
 fn bad_requests_get_400_with_the_cause() {
-    let s = server(&[]);
+    let s = app(AppConfig::default());
     let raw = |body: &str| s.request("POST", "/v1/chat/completions", &[], body.as_bytes());
 
     let r = raw(r#"{"messages": [}"#);
@@ -261,7 +273,13 @@ fn bad_requests_get_400_with_the_cause() {
 
 #[test]
 fn oversized_body_gets_413() {
-    let s = server(&["--body-limit", "4096"]);
+    let s = app(AppConfig {
+        http: HttpConfig {
+            body_limit: 4096,
+            ..HttpConfig::default()
+        },
+        ..AppConfig::default()
+    });
     let content = "a".repeat(5000);
     let r = s.post_json(
         "/v1/chat/completions",
@@ -282,10 +300,20 @@ fn api_keys() {
     std::fs::create_dir_all(&dir).unwrap();
     let keys = dir.join("keys");
     std::fs::write(&keys, "# test keys\nsk-one\nsk-two\n").unwrap();
-    let keys = keys.to_str().unwrap();
+    let keys = ApiKeys::from_file(&keys).unwrap();
     let body = br#"{"prompt": "a", "max_tokens": 1}"#;
 
-    let s = server(&["--api-key-file", keys]);
+    let with_keys = |protect_probes| {
+        app(AppConfig {
+            http: HttpConfig {
+                api_keys: keys.clone(),
+                protect_probes,
+                ..HttpConfig::default()
+            },
+            ..AppConfig::default()
+        })
+    };
+    let s = with_keys(false);
     let r = s.request("POST", "/v1/completions", &[], body);
     assert_eq!(r.status, 401);
     assert_eq!(r.header("www-authenticate"), Some("Bearer"));
@@ -310,11 +338,7 @@ fn api_keys() {
     assert_eq!(s.get("/metrics").status, 200);
     drop(s);
 
-    let s = Server::start_with_key(
-        &synth_model(),
-        &["--api-key-file", keys, "--auth-probes"],
-        "sk-one",
-    );
+    let s = with_keys(true);
     assert_eq!(s.get("/health").status, 401);
     assert_eq!(s.get("/metrics").status, 401);
     let r = s.request("GET", "/health", &[("Authorization", "Bearer sk-one")], b"");
@@ -322,8 +346,117 @@ fn api_keys() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Starts a streamed completion long enough to hold a slot and returns its open connection once
-/// the first token arrived.
+/// A streamed completion of `max_tokens`, greedy.
+fn stream_body(max_tokens: u32) -> Value {
+    json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0, "stream": true})
+}
+
+/// Starts a streamed completion long enough to hold a slot and returns it once the first token
+/// arrived.
+fn hold_slot_in_process(s: &App) -> Stream {
+    let mut stream = s.stream("/v1/completions", &stream_body(LONG_GENERATION));
+    stream.read_until("\"text\"");
+    stream
+}
+
+/// Polls `ok` until it holds; the time it took.
+fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !ok() {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        thread::sleep(Duration::from_millis(10));
+    }
+    started.elapsed()
+}
+
+#[test]
+fn full_queue_gets_503_with_retry_after() {
+    let s = app(AppConfig {
+        slots: Slots {
+            parallel: 1,
+            queue: 1,
+            n_ctx: LONG_CTX,
+        },
+        ..AppConfig::default()
+    });
+    let holder = hold_slot_in_process(&s);
+    let body = json!({"prompt": "b", "max_tokens": 2});
+    let queued = s.spawn_request("POST", "/v1/completions", &[], body.to_string().as_bytes());
+    wait_for("second request queued", Duration::from_secs(10), || {
+        s.metric("llm_queue_depth") == 1.0
+    });
+    let r = s.post_json("/v1/completions", &json!({"prompt": "c", "max_tokens": 2}));
+    assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.json()["error"]["code"], "server_overloaded");
+    drop(holder);
+    let queued = queued.join();
+    assert_eq!(
+        queued.status, 200,
+        "the queued request is served once the slot frees"
+    );
+}
+
+#[test]
+fn request_time_limit() {
+    let s = app(AppConfig {
+        http: HttpConfig {
+            request_timeout: Duration::from_secs(1),
+            ..HttpConfig::default()
+        },
+        slots: Slots {
+            n_ctx: LONG_CTX,
+            ..AppConfig::default().slots
+        },
+        ..AppConfig::default()
+    });
+    let started = Instant::now();
+    let r = s.post_json(
+        "/v1/completions",
+        &json!({"prompt": "Once", "max_tokens": LONG_GENERATION, "temperature": 0}),
+    );
+    assert_eq!(r.status, 504, "{}", r.body);
+    assert!(r.error_message().contains("time limit of 1 s"));
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(s.metric("llm_busy_slots"), 0.0);
+}
+
+#[test]
+fn health_is_503_until_loaded_then_openapi_matches_the_routes() {
+    // Before the model is loaded /health is 503, in the error shape with Retry-After.
+    let s = App::loading(AppConfig::default());
+    let r = s.get("/health");
+    assert_eq!(r.status, 503);
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(r.json()["error"]["code"], "model_loading");
+    s.load();
+    assert_eq!(s.get("/health").status, 200);
+
+    let doc = s.get("/openapi.json").json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            let r = s.request(&method.to_uppercase(), path, &[], b"{}");
+            assert!(
+                r.status != 404 && r.status != 405,
+                "{method} {path} documented but answers {}",
+                r.status
+            );
+        }
+    }
+    let path = std::env::temp_dir().join(format!("llm-openapi-{}.json", std::process::id()));
+    std::fs::write(&path, doc.to_string()).unwrap();
+    serve_support::python(
+        "check_openapi.py",
+        &["openapi_spec_validator"],
+        &[path.to_str().unwrap()],
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+// ---- the spawned binary ------------------------------------------------------------------
+
+/// As [`hold_slot_in_process`], on a connection to a spawned server.
 fn hold_slot(s: &Server) -> BufReader<TcpStream> {
     stream_from_first_token(s, LONG_GENERATION)
 }
@@ -331,7 +464,7 @@ fn hold_slot(s: &Server) -> BufReader<TcpStream> {
 /// Starts a streamed completion of `max_tokens` and returns its connection after the first token.
 fn stream_from_first_token(s: &Server, max_tokens: u32) -> BufReader<TcpStream> {
     let mut stream = TcpStream::connect(s.addr).unwrap();
-    let body = json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0, "stream": true});
+    let body = stream_body(max_tokens);
     write_request(
         &mut stream,
         "POST",
@@ -351,18 +484,9 @@ fn stream_from_first_token(s: &Server, max_tokens: u32) -> BufReader<TcpStream> 
     reader
 }
 
-fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !ok() {
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        thread::sleep(Duration::from_millis(10));
-    }
-    started.elapsed()
-}
-
 #[test]
 fn disconnecting_client_frees_its_slot_within_a_second() {
-    let s = server(&["--parallel", "1", "--ctx-size", LONG_CTX]);
+    let s = server(&["--parallel", "1", "--ctx-size", &LONG_CTX.to_string()]);
     let stream = hold_slot(&s);
     assert_eq!(s.metric("llm_busy_slots"), 1.0);
     drop(stream);
@@ -401,51 +525,6 @@ fn disconnecting_client_frees_its_slot_within_a_second() {
 }
 
 #[test]
-fn full_queue_gets_503_with_retry_after() {
-    let s = server(&["--parallel", "1", "--queue", "1", "--ctx-size", LONG_CTX]);
-    let holder = hold_slot(&s);
-    let addr = s.addr;
-    let queued = thread::spawn(move || {
-        let body = json!({"prompt": "b", "max_tokens": 2});
-        serve_support::try_request(
-            addr,
-            "POST",
-            "/v1/completions",
-            &[],
-            body.to_string().as_bytes(),
-        )
-        .unwrap()
-    });
-    wait_for("second request queued", Duration::from_secs(10), || {
-        s.metric("llm_queue_depth") == 1.0
-    });
-    let r = s.post_json("/v1/completions", &json!({"prompt": "c", "max_tokens": 2}));
-    assert_eq!(r.status, 503);
-    assert_eq!(r.header("retry-after"), Some("1"));
-    assert_eq!(r.json()["error"]["code"], "server_overloaded");
-    drop(holder);
-    let queued = queued.join().unwrap();
-    assert_eq!(
-        queued.status, 200,
-        "the queued request is served once the slot frees"
-    );
-}
-
-#[test]
-fn request_time_limit() {
-    let s = server(&["--request-timeout", "1", "--ctx-size", LONG_CTX]);
-    let started = Instant::now();
-    let r = s.post_json(
-        "/v1/completions",
-        &json!({"prompt": "Once", "max_tokens": LONG_GENERATION, "temperature": 0}),
-    );
-    assert_eq!(r.status, 504, "{}", r.body);
-    assert!(r.error_message().contains("time limit of 1 s"));
-    assert!(started.elapsed() < Duration::from_secs(3));
-    assert_eq!(s.metric("llm_busy_slots"), 0.0);
-}
-
-#[test]
 fn sigterm_finishes_in_flight_work_and_exits_0() {
     let s = server(&[]);
     let stream = stream_from_first_token(&s, 300);
@@ -464,7 +543,12 @@ fn sigterm_finishes_in_flight_work_and_exits_0() {
 
 #[test]
 fn sigterm_cancels_work_past_the_deadline() {
-    let s = server(&["--shutdown-timeout", "1", "--ctx-size", LONG_CTX]);
+    let s = server(&[
+        "--shutdown-timeout",
+        "1",
+        "--ctx-size",
+        &LONG_CTX.to_string(),
+    ]);
     let holder = hold_slot(&s);
     let started = Instant::now();
     let status = s.terminate(Duration::from_secs(5));
@@ -481,47 +565,6 @@ fn sigterm_cancels_work_past_the_deadline() {
         .collect::<Vec<_>>()
         .join("\n");
     assert!(rest.contains("shutting down"), "{rest}");
-}
-
-#[test]
-fn health_is_503_until_loaded_then_openapi_matches_the_routes() {
-    // Before the model is loaded (here: right after start) /health may be 503; it must say so
-    // in the error shape with Retry-After. Loading the tiny model is quick, so poll for it.
-    let s = Server::spawn(&synth_model(), &[]);
-    wait_for(
-        "health 200",
-        Duration::from_secs(30),
-        || match serve_support::try_request(s.addr, "GET", "/health", &[], b"") {
-            Ok(r) if r.status == 503 => {
-                assert!(r.header("retry-after").is_some());
-                assert_eq!(r.json()["error"]["code"], "model_loading");
-                false
-            }
-            Ok(r) => r.status == 200,
-            Err(_) => false,
-        },
-    );
-
-    let doc = s.get("/openapi.json").json();
-    assert_eq!(doc["openapi"], "3.1.0");
-    for (path, ops) in doc["paths"].as_object().unwrap() {
-        for method in ops.as_object().unwrap().keys() {
-            let r = s.request(&method.to_uppercase(), path, &[], b"{}");
-            assert!(
-                r.status != 404 && r.status != 405,
-                "{method} {path} documented but answers {}",
-                r.status
-            );
-        }
-    }
-    let path = std::env::temp_dir().join(format!("llm-openapi-{}.json", std::process::id()));
-    std::fs::write(&path, doc.to_string()).unwrap();
-    serve_support::python(
-        "check_openapi.py",
-        &["openapi_spec_validator"],
-        &[path.to_str().unwrap()],
-    );
-    std::fs::remove_file(&path).unwrap();
 }
 
 #[test]

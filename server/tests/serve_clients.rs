@@ -1,14 +1,29 @@
-//! Real clients against the default model: the official `openai` Python SDK and curl.
+//! Real clients against the default model: the official `openai` Python SDK and curl, over
+//! HTTP to the server in process.
 
 mod serve_support;
 
+use std::net::SocketAddr;
 use std::process::Command;
 
+use llm_server::engine::Slots;
+use llm_server::serve::auth::ApiKeys;
+use llm_server::serve::HttpConfig;
 use serde_json::{json, Value};
-use serve_support::Server;
+use serve_support::app::{App, AppConfig};
 
-fn start_default_model(args: &[&str]) -> Server {
-    Server::start(&test_support::default_model(), args)
+/// The default model with a context of 1024, on every CPU as `serve` runs it.
+fn default_model(http: HttpConfig) -> AppConfig {
+    AppConfig {
+        model: test_support::default_model(),
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        slots: Slots {
+            n_ctx: 1024,
+            ..AppConfig::default().slots
+        },
+        http,
+        ..AppConfig::default()
+    }
 }
 
 /// Gemma 3's control tokens: their ids in the default model's `tokenizer.ggml.tokens`.
@@ -21,13 +36,11 @@ fn openai_python_sdk() {
     std::fs::create_dir_all(&dir).unwrap();
     let keys = dir.join("keys");
     std::fs::write(&keys, "sk-test\n").unwrap();
-    let s = start_default_model(&[
-        "--ctx-size",
-        "1024",
-        "--api-key-file",
-        keys.to_str().unwrap(),
-    ]);
-    let base = format!("http://{}/v1", s.addr);
+    let s = App::start(default_model(HttpConfig {
+        api_keys: ApiKeys::from_file(&keys).unwrap(),
+        ..HttpConfig::default()
+    }));
+    let base = format!("http://{}/v1", s.listen());
     let out = serve_support::python("openai_client.py", &["openai"], &[&base, "sk-test"]);
     std::fs::remove_dir_all(&dir).unwrap();
     let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
@@ -48,14 +61,14 @@ fn openai_python_sdk() {
 }
 
 /// curl sends `-d` bodies as form data, with no JSON content type: the server must not care.
-fn curl(s: &Server, path: &str, body: Option<&Value>, extra: &[&str]) -> String {
+fn curl(addr: SocketAddr, path: &str, body: Option<&Value>, extra: &[&str]) -> String {
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "--fail-with-body", "-N"]).args(extra);
     if let Some(body) = body {
         cmd.args(["-d", &body.to_string()]);
     }
     let out = cmd
-        .arg(format!("http://{}{path}", s.addr))
+        .arg(format!("http://{addr}{path}"))
         .output()
         .expect("run curl");
     let text = String::from_utf8(out.stdout).unwrap();
@@ -69,19 +82,20 @@ fn curl(s: &Server, path: &str, body: Option<&Value>, extra: &[&str]) -> String 
 
 #[test]
 fn curl_and_exactly_one_bos() {
-    let s = start_default_model(&["--ctx-size", "1024"]);
-    let models: Value = serde_json::from_str(&curl(&s, "/v1/models", None, &[])).unwrap();
+    let app = App::start(default_model(HttpConfig::default()));
+    let s = app.listen();
+    let models: Value = serde_json::from_str(&curl(s, "/v1/models", None, &[])).unwrap();
     assert_eq!(models["data"][0]["meta"]["n_vocab"], 262144);
 
     let chat =
         json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0});
     let plain: Value =
-        serde_json::from_str(&curl(&s, "/v1/chat/completions", Some(&chat), &[])).unwrap();
+        serde_json::from_str(&curl(s, "/v1/chat/completions", Some(&chat), &[])).unwrap();
     let content = plain["choices"][0]["message"]["content"].as_str().unwrap();
 
     let mut streaming = chat.clone();
     streaming["stream"] = json!(true);
-    let sse = curl(&s, "/v1/chat/completions", Some(&streaming), &[]);
+    let sse = curl(s, "/v1/chat/completions", Some(&streaming), &[]);
     let data: Vec<&str> = sse
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
@@ -100,13 +114,13 @@ fn curl_and_exactly_one_bos() {
     let completion =
         json!({"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0});
     let c: Value =
-        serde_json::from_str(&curl(&s, "/v1/completions", Some(&completion), &[])).unwrap();
+        serde_json::from_str(&curl(s, "/v1/completions", Some(&completion), &[])).unwrap();
     assert_eq!(c["usage"]["completion_tokens"], 3);
 
     // The default model has no chat template: the built-in Gemma turns follow one BOS.
     let turns = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n";
     let t: Value = serde_json::from_str(&curl(
-        &s,
+        s,
         "/tokenize",
         Some(&json!({"content": turns, "add_special": true})),
         &[],

@@ -5,15 +5,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use llm_server::engine::{Counters, Engine, Slots};
 use llm_server::gguf::Gguf;
 use llm_server::model::{LoadOptions, Model};
 use llm_server::serve::auth::ApiKeys;
-use llm_server::serve::chat_template::ChatTemplate;
-use llm_server::serve::metrics::Metrics;
-use llm_server::serve::scheduler::Scheduler;
-use llm_server::serve::{router, sd_notify, AppState, Engine, HttpConfig};
+use llm_server::serve::{router, sd_notify, AppState, HttpConfig, Ready};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
@@ -52,10 +50,10 @@ pub struct Serve {
     #[arg(long, requires = "api_key_file")]
     auth_probes: bool,
     /// Largest request body in bytes.
-    #[arg(long, default_value_t = 2 << 20)]
+    #[arg(long, default_value_t = HttpConfig::default().body_limit)]
     body_limit: usize,
     /// Seconds a request may take, waiting in the queue included.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = HttpConfig::default().request_timeout.as_secs())]
     request_timeout: u64,
     /// Seconds in-flight requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10)]
@@ -126,8 +124,7 @@ impl Serve {
             listener.local_addr()?
         );
 
-        let metrics = Arc::new(Metrics::default());
-        let state = AppState::new(http, metrics.clone());
+        let state = AppState::new(http);
         let load_failed = Arc::new(Notify::new());
         let loader = Loader {
             model_id: self.alias.clone().unwrap_or_else(|| file_name(&self.model)),
@@ -135,15 +132,18 @@ impl Serve {
                 threads: self.threads.unwrap_or(cpus).max(1),
                 mlock: self.mlock,
             },
-            n_ctx: checked.plan.n_ctx,
-            parallel: checked.plan.parallel,
-            queue: self.queue,
+            slots: Slots {
+                parallel: checked.plan.parallel,
+                n_ctx: checked.plan.n_ctx,
+                queue: self.queue,
+            },
         };
         tokio::task::spawn_blocking({
             let (state, load_failed) = (state.clone(), load_failed.clone());
-            move || match loader.load(gguf, metrics) {
-                Ok(engine) => {
-                    state.set_ready(engine);
+            let counters = state.metrics().engine.clone();
+            move || match loader.load(gguf, counters) {
+                Ok(ready) => {
+                    state.set_ready(ready);
                     notify_systemd("READY=1");
                     tracing::info!("ready");
                 }
@@ -207,38 +207,25 @@ impl Serve {
 struct Loader {
     model_id: String,
     options: LoadOptions,
-    n_ctx: usize,
-    parallel: usize,
-    queue: usize,
+    slots: Slots,
 }
 
 impl Loader {
-    fn load(self, gguf: Gguf, metrics: Arc<Metrics>) -> Result<Engine, Box<dyn std::error::Error>> {
+    fn load(
+        self,
+        gguf: Gguf,
+        counters: Arc<Counters>,
+    ) -> Result<Ready, Box<dyn std::error::Error>> {
         let started = std::time::Instant::now();
         let model = Arc::new(Model::from_gguf(gguf, &self.options)?);
-        let tokenizer = model.tokenizer();
-        let text_of = |id: Option<u32>| {
-            id.map(|id| String::from_utf8_lossy(tokenizer.piece(id, true)).into_owned())
-                .unwrap_or_default()
-        };
-        let template = ChatTemplate::new(
-            model.chat_template(),
-            &text_of(tokenizer.bos()),
-            &text_of(tokenizer.eos()),
-        )?;
-        let scheduler = Scheduler::start(
-            model.clone(),
-            self.parallel,
-            self.n_ctx,
-            self.queue,
-            metrics,
-        )?;
+        let engine = Engine::start(model, self.slots, counters)?;
+        let model = engine.model();
         tracing::info!(
             "loaded {} in {:.2} s: {} slots x {} tokens, {} threads, chat template: {}",
             model.name(),
             started.elapsed().as_secs_f64(),
-            self.parallel,
-            self.n_ctx,
+            self.slots.parallel,
+            self.slots.n_ctx,
             model.threads(),
             if model.chat_template().is_some() {
                 "the model's"
@@ -246,15 +233,7 @@ impl Loader {
                 "built-in Gemma"
             },
         );
-        Ok(Engine {
-            model,
-            scheduler,
-            template,
-            model_id: self.model_id,
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-        })
+        Ok(Ready::new(engine, self.model_id))
     }
 }
 

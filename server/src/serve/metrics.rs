@@ -1,29 +1,21 @@
-//! Counters and gauges for `GET /metrics`, in the Prometheus text format. The process's and its
-//! cgroup's memory figures are read when scraped, so they are never stale.
+//! Counters and gauges for `GET /metrics`, in the Prometheus text format: the HTTP layer's own,
+//! the engine's, and the process's and its cgroup's memory figures, read when scraped so that
+//! they are never stale.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
+use crate::engine::Counters;
 use crate::limits::{Cgroup, ProcessStats};
 
 #[derive(Default)]
 pub struct Metrics {
     /// Finished HTTP requests by (route, status).
     requests: Mutex<BTreeMap<(String, u16), u64>>,
-    pub prompt_tokens: AtomicU64,
-    pub generated_tokens: AtomicU64,
-    prefill_nanos: AtomicU64,
-    decode_nanos: AtomicU64,
-    /// Generations stopped because the client went away.
-    pub cancelled: AtomicU64,
-    /// Requests waiting for a slot.
-    pub queue_depth: AtomicU64,
-    /// Slots generating.
-    pub busy_slots: AtomicU64,
-    pub slots: AtomicU64,
+    /// Given to the engine when it starts.
+    pub engine: Arc<Counters>,
 }
 
 impl Metrics {
@@ -32,16 +24,9 @@ impl Metrics {
         *requests.entry((route.to_owned(), status)).or_default() += 1;
     }
 
-    pub fn add_prefill(&self, d: Duration) {
-        self.prefill_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
-    }
-
-    pub fn add_decode(&self, d: Duration) {
-        self.decode_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
-    }
-
     /// The Prometheus exposition text.
     pub fn render(&self, cgroup: Option<&Cgroup>) -> String {
+        let engine = &*self.engine;
         let mut out = String::with_capacity(4096);
         let seconds = |nanos: &AtomicU64| nanos.load(Relaxed) as f64 / 1e9;
 
@@ -65,56 +50,56 @@ impl Metrics {
             "llm_prompt_tokens_total",
             "counter",
             "Prompt tokens evaluated.",
-            self.prompt_tokens.load(Relaxed) as f64,
+            engine.prompt_tokens.load(Relaxed) as f64,
         );
         metric(
             &mut out,
             "llm_generated_tokens_total",
             "counter",
             "Tokens generated.",
-            self.generated_tokens.load(Relaxed) as f64,
+            engine.generated_tokens.load(Relaxed) as f64,
         );
         metric(
             &mut out,
             "llm_prefill_seconds_total",
             "counter",
             "Time spent evaluating prompts.",
-            seconds(&self.prefill_nanos),
+            seconds(&engine.prefill_nanos),
         );
         metric(
             &mut out,
             "llm_decode_seconds_total",
             "counter",
             "Time spent generating tokens.",
-            seconds(&self.decode_nanos),
+            seconds(&engine.decode_nanos),
         );
         metric(
             &mut out,
             "llm_cancelled_total",
             "counter",
             "Generations stopped because the client disconnected.",
-            self.cancelled.load(Relaxed) as f64,
+            engine.cancelled.load(Relaxed) as f64,
         );
         metric(
             &mut out,
             "llm_queue_depth",
             "gauge",
             "Requests waiting for a slot.",
-            self.queue_depth.load(Relaxed) as f64,
+            engine.queue_depth.load(Relaxed) as f64,
         );
         metric(
             &mut out,
             "llm_busy_slots",
             "gauge",
             "Slots generating.",
-            self.busy_slots.load(Relaxed) as f64,
+            engine.busy_slots.load(Relaxed) as f64,
         );
         metric(
             &mut out,
             "llm_slots",
             "gauge",
             "Slots configured (--parallel).",
-            self.slots.load(Relaxed) as f64,
+            engine.slots.load(Relaxed) as f64,
         );
 
         if let Ok(p) = ProcessStats::read() {
@@ -211,7 +196,7 @@ mod tests {
         m.record_request("/v1/chat/completions", 200);
         m.record_request("/v1/chat/completions", 200);
         m.record_request("/v1/chat/completions", 503);
-        m.add_prefill(Duration::from_millis(1500));
+        m.engine.add_prefill(std::time::Duration::from_millis(1500));
         let text = m.render(Cgroup::own().as_ref());
         assert!(
             text.contains("llm_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2\n")

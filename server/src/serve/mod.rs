@@ -1,36 +1,32 @@
-//! `llm-server serve`: an OpenAI-compatible HTTP API over the engine.
+//! `llm-server serve`: an OpenAI-compatible HTTP API over the [`Engine`].
 //!
 //! The server binds before the model is loaded so that `/health` can say 503 while it loads;
-//! the [`Engine`] is installed once, when loading is done. Requests are tokenized on tokio's
-//! blocking pool and generated on the scheduler's own thread, never on the async workers.
+//! the engine is installed once, when loading is done ([`AppState::set_ready`]). Requests are
+//! tokenized on tokio's blocking pool and generated on the engine's own thread, never on the
+//! async workers.
 
 pub mod auth;
-pub mod chat_template;
 pub mod error;
-mod json;
+mod extract;
 pub mod metrics;
 pub mod openai;
 mod routes;
-pub mod scheduler;
 pub mod sd_notify;
-mod stop;
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Router;
 
+use crate::engine::Engine;
 use crate::limits::Cgroup;
-use crate::model::Model;
 use auth::ApiKeys;
-use chat_template::ChatTemplate;
 use error::ApiError;
 use metrics::Metrics;
-use scheduler::Scheduler;
 
 /// Every route, as `/openapi.json` must document it (checked by a test).
 pub const ROUTES: &[(&str, &str)] = &[
@@ -59,15 +55,43 @@ pub struct HttpConfig {
     pub protect_probes: bool,
 }
 
-/// The loaded model and what serves it.
-pub struct Engine {
-    pub model: Arc<Model>,
-    pub scheduler: Scheduler,
-    pub template: ChatTemplate,
+impl Default for HttpConfig {
+    /// As `llm-server serve` starts without options.
+    fn default() -> HttpConfig {
+        HttpConfig {
+            body_limit: 2 << 20,
+            request_timeout: Duration::from_secs(600),
+            api_keys: ApiKeys::default(),
+            protect_probes: false,
+        }
+    }
+}
+
+/// The engine, and what the API says about its model.
+pub struct Ready {
+    pub engine: Engine,
     /// The name clients use in `model` (`--alias`, else the file name).
     pub model_id: String,
     /// When the model was loaded (Unix seconds), reported by `/v1/models`.
     pub created: u64,
+}
+
+impl Ready {
+    /// `engine`, loaded now.
+    pub fn new(engine: Engine, model_id: String) -> Ready {
+        Ready {
+            engine,
+            model_id,
+            created: unix_now(),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Shared by every handler; cheap to clone.
@@ -77,18 +101,18 @@ pub struct AppState {
 }
 
 struct Inner {
-    engine: OnceLock<Engine>,
-    metrics: Arc<Metrics>,
+    ready: OnceLock<Ready>,
+    metrics: Metrics,
     cgroup: Option<Cgroup>,
     http: HttpConfig,
 }
 
 impl AppState {
-    pub fn new(http: HttpConfig, metrics: Arc<Metrics>) -> AppState {
+    pub fn new(http: HttpConfig) -> AppState {
         AppState {
             inner: Arc::new(Inner {
-                engine: OnceLock::new(),
-                metrics,
+                ready: OnceLock::new(),
+                metrics: Metrics::default(),
                 cgroup: Cgroup::own(),
                 http,
             }),
@@ -96,21 +120,26 @@ impl AppState {
     }
 
     /// Makes the model available: `/health` turns 200 and generation routes start working.
-    pub fn set_ready(&self, engine: Engine) {
-        if self.inner.engine.set(engine).is_err() {
+    pub fn set_ready(&self, ready: Ready) {
+        if self.inner.ready.set(ready).is_err() {
             tracing::error!("set_ready called twice; the first engine stays");
         }
     }
 
+    /// The engine and its model's name, or 503 while the model loads.
+    pub fn ready(&self) -> Result<&Ready, ApiError> {
+        self.inner.ready.get().ok_or(ApiError::Loading)
+    }
+
     /// The engine, or 503 while the model loads.
     pub fn engine(&self) -> Result<&Engine, ApiError> {
-        self.inner.engine.get().ok_or(ApiError::Loading)
+        Ok(&self.ready()?.engine)
     }
 
     /// Cancels every queued and running generation (the shutdown deadline passed).
     pub fn cancel_all(&self) {
-        if let Some(engine) = self.inner.engine.get() {
-            engine.scheduler.stop();
+        if let Some(ready) = self.inner.ready.get() {
+            ready.engine.stop();
         }
     }
 
@@ -121,14 +150,6 @@ impl AppState {
     fn http(&self) -> &HttpConfig {
         &self.inner.http
     }
-}
-
-/// The body limit, as an extension for the JSON extractor's 413 message.
-#[derive(Clone, Copy)]
-struct BodyLimit(usize);
-
-fn body_limit_of(req: &Request) -> usize {
-    req.extensions().get::<BodyLimit>().map_or(0, |l| l.0)
 }
 
 /// The application. Layers wrap from the inside out: the last `.layer` sees requests first.
@@ -155,7 +176,6 @@ pub fn router(state: AppState) -> Router {
         .fallback(routes::info::not_found)
         .method_not_allowed_fallback(routes::info::method_not_allowed)
         .layer(DefaultBodyLimit::max(http.body_limit))
-        .layer(Extension(BodyLimit(http.body_limit)))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             record_request,

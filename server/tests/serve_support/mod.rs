@@ -1,7 +1,10 @@
-//! Helpers for the `serve_*` tests: start the real `llm-server` binary on a free loopback port
-//! and talk HTTP/1.1 to it over plain sockets, so every byte on the wire is under the test's
-//! control (bad JSON, oversized bodies, half-read streams).
+//! Helpers for the `serve_*` tests. Request shapes are tested in process ([`app`]); the real
+//! `llm-server` binary is started on a free loopback port only for what needs a process of its
+//! own (signals, sd_notify, disconnects, its RSS, its exit status), and talked to in HTTP/1.1
+//! over plain sockets, so every byte on the wire is under the test's control.
 #![allow(dead_code)]
+
+pub mod app;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -31,14 +34,7 @@ impl Server {
     /// Starts `serve --model <model> <args>` on a free port and waits until `/health` is 200.
     pub fn start(model: &Path, args: &[&str]) -> Server {
         let server = Server::spawn(model, args);
-        server.wait_ready(&[]);
-        server
-    }
-
-    /// As [`Server::start`], for a server whose `/health` needs the API key `key`.
-    pub fn start_with_key(model: &Path, args: &[&str], key: &str) -> Server {
-        let server = Server::spawn(model, args);
-        server.wait_ready(&[("Authorization", &format!("Bearer {key}"))]);
+        server.wait_ready();
         server
     }
 
@@ -80,10 +76,10 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn wait_ready(&self, headers: &[(&str, &str)]) {
+    fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok(r) = try_request(self.addr, "GET", "/health", headers, b"") {
+            if let Ok(r) = try_request(self.addr, "GET", "/health", &[], b"") {
                 if r.status == 200 {
                     return;
                 }
@@ -123,10 +119,7 @@ impl Server {
 
     /// One sample of `/metrics` (a series without labels).
     pub fn metric(&self, name: &str) -> f64 {
-        let text = self.get("/metrics").body;
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("metric {name} missing from:\n{text}"))
+        metric(&self.get("/metrics").body, name)
     }
 
     /// Sends SIGTERM and waits up to `within` for the process to exit.
@@ -157,6 +150,13 @@ impl Drop for Server {
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
     }
+}
+
+/// The sample of the series `name` (without labels) in the `/metrics` text.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing from:\n{text}"))
 }
 
 /// A port nobody listens on now (the kernel's pick for an ephemeral bind).

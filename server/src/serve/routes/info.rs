@@ -29,20 +29,20 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 
 /// The one model this server serves, with llama-server's `meta` figures.
 pub async fn models(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    let engine = state.engine()?;
-    let model = &engine.model;
+    let ready = state.ready()?;
+    let model = ready.engine.model();
     Ok(Json(json!({
         "object": "list",
         "data": [{
-            "id": engine.model_id,
+            "id": ready.model_id,
             "object": "model",
-            "created": engine.created,
+            "created": ready.created,
             "owned_by": "llm-server",
             "meta": {
                 "name": model.name(),
                 "n_vocab": model.tokenizer().n_vocab(),
                 "n_ctx_train": model.n_ctx_train(),
-                "n_ctx": engine.scheduler.n_ctx(),
+                "n_ctx": ready.engine.n_ctx(),
                 "size": model.gguf().bytes().len(),
             }
         }]
@@ -71,25 +71,15 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
     use axum::http::header::RETRY_AFTER;
 
     use super::*;
-    use crate::serve::metrics::Metrics;
     use crate::serve::HttpConfig;
 
     /// Before the engine is installed every model route says 503 "loading" with Retry-After.
     #[tokio::test]
     async fn health_and_models_are_503_while_loading() {
-        let http = HttpConfig {
-            body_limit: 1024,
-            request_timeout: Duration::from_secs(1),
-            api_keys: Default::default(),
-            protect_probes: false,
-        };
-        let state = AppState::new(http, Arc::new(Metrics::default()));
+        let state = AppState::new(HttpConfig::default());
         for response in [
             health(State(state.clone())).await.into_response(),
             models(State(state.clone())).await.into_response(),

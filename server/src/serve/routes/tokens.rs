@@ -6,8 +6,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::serve::error::ApiError;
-use crate::serve::json::JsonBody;
+use crate::serve::extract::JsonBody;
 use crate::serve::AppState;
+use crate::tokenizer::Tokenizer;
 
 #[derive(Deserialize)]
 pub struct TokenizeRequest {
@@ -32,29 +33,30 @@ pub async fn tokenize(
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
     state.engine()?;
-    let tokens = tokio::task::spawn_blocking(move || {
-        let tokenizer = state.engine()?.model.tokenizer();
+    let tokens = super::blocking(&state, "tokenize", move |engine| {
+        let tokenizer = engine.model().tokenizer();
         let ids = tokenizer.encode(&req.content, req.add_special, req.parse_special);
-        if !req.with_pieces {
-            return Ok(json!(ids));
-        }
-        let pieces: Vec<Value> = ids
-            .iter()
-            .map(|&id| {
-                let bytes = tokenizer.piece(id, true);
-                // A piece that is part of a UTF-8 character is given as its bytes.
-                let piece = match std::str::from_utf8(bytes) {
-                    Ok(text) => json!(text),
-                    Err(_) => json!(bytes),
-                };
-                json!({"id": id, "piece": piece})
-            })
-            .collect();
-        Ok::<_, ApiError>(json!(pieces))
+        Ok(if req.with_pieces {
+            with_pieces(tokenizer, &ids)
+        } else {
+            json!(ids)
+        })
     })
-    .await
-    .map_err(|e| ApiError::Internal(format!("tokenize task failed: {e}")))??;
+    .await?;
     Ok(Json(json!({ "tokens": tokens })))
+}
+
+/// `[{id, piece}, ...]`; a piece that is part of a UTF-8 character is given as its bytes.
+fn with_pieces(tokenizer: &Tokenizer, ids: &[u32]) -> Value {
+    let pieces = ids.iter().map(|&id| {
+        let bytes = tokenizer.piece(id, true);
+        let piece = match std::str::from_utf8(bytes) {
+            Ok(text) => json!(text),
+            Err(_) => json!(bytes),
+        };
+        json!({"id": id, "piece": piece})
+    });
+    Value::Array(pieces.collect())
 }
 
 #[derive(Deserialize)]
@@ -66,7 +68,7 @@ pub async fn detokenize(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<DetokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let tokenizer = state.engine()?.model.tokenizer();
+    let tokenizer = state.engine()?.model().tokenizer();
     super::generate::check_token_ids(&req.tokens, tokenizer.n_vocab(), "tokens")?;
     Ok(Json(
         json!({ "content": tokenizer.decode(&req.tokens, true) }),

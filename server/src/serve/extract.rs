@@ -1,4 +1,5 @@
-//! A JSON body extractor whose every rejection is an OpenAI-shaped 400 (413 when too large).
+//! The JSON body extractor: the body is read once, straight into the handler's typed request,
+//! and every rejection is an OpenAI-shaped 400 (413 when too large).
 //!
 //! axum's `Json` answers 415 without `Content-Type: application/json` (which `curl -d` does not
 //! send) and 422 for well-formed JSON of the wrong shape; clients of an OpenAI API expect 400
@@ -9,21 +10,18 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::error::Category;
 
 use super::error::ApiError;
+use super::AppState;
 
 pub struct JsonBody<T>(pub T);
 
-impl<S, T> FromRequest<S> for JsonBody<T>
-where
-    S: Send + Sync,
-    T: DeserializeOwned,
-{
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let limit = super::body_limit_of(&req);
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let limit = state.http().body_limit;
         let bytes = Bytes::from_request(req, state)
             .await
             .map_err(|e| bytes_rejection(e, limit))?;
@@ -35,19 +33,28 @@ where
     }
 }
 
-/// Reads `T` out of an already parsed body; several views of one body can be taken this way
-/// (e.g. the messages and the generation parameters of a chat request).
-pub fn from_value<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(body).map_err(invalid_body)
+/// The parser's message, prefixed with the field it is about (`messages[0].content: ...`).
+fn invalid_body(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let message = parser_message(e.inner());
+    if path == "." {
+        ApiError::bad_request(format!("invalid JSON body: {message}"))
+    } else {
+        ApiError::bad_request(format!("invalid JSON body at `{path}`: {message}"))
+    }
 }
 
-/// The parser's message, prefixed with the field it is about (`messages[0].content: ...`).
-fn invalid_body<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> ApiError {
-    let path = e.path().to_string();
-    if path == "." {
-        ApiError::bad_request(format!("invalid JSON body: {}", e.inner()))
-    } else {
-        ApiError::bad_request(format!("invalid JSON body at `{path}`: {}", e.inner()))
+/// A value of the wrong type or a missing field is named by its path, and serde_json's byte
+/// position would only repeat it; a syntax error keeps its position, there is no field to name.
+fn parser_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    if e.classify() != Category::Data {
+        return text;
+    }
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&position) {
+        Some(message) => message.to_owned(),
+        None => text,
     }
 }
 

@@ -9,6 +9,8 @@
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
 
+use crate::model::Model;
+
 /// One chat turn after validation.
 #[derive(Debug, Clone, Serialize)]
 pub struct Turn {
@@ -39,6 +41,20 @@ pub enum TemplateError {
 const TEMPLATE_NAME: &str = "tokenizer.chat_template";
 
 impl ChatTemplate {
+    /// The template of `model`, with the texts of its BOS and EOS tokens.
+    pub fn for_model(model: &Model) -> Result<ChatTemplate, TemplateError> {
+        let tokenizer = model.tokenizer();
+        let text_of = |id: Option<u32>| {
+            id.map(|id| String::from_utf8_lossy(tokenizer.piece(id, true)).into_owned())
+                .unwrap_or_default()
+        };
+        ChatTemplate::new(
+            model.chat_template(),
+            &text_of(tokenizer.bos()),
+            &text_of(tokenizer.eos()),
+        )
+    }
+
     /// The template for a model: its Jinja source if it has one, else the Gemma format.
     /// `bos`/`eos` are the texts of those tokens, offered to templates as `bos_token`/`eos_token`.
     pub fn new(source: Option<&str>, bos: &str, eos: &str) -> Result<ChatTemplate, TemplateError> {

@@ -4,8 +4,9 @@
 //! start-up). One dedicated thread runs every slot, one step per slot per round: a chunk of the
 //! prompt or one generated token. Decoding is CPU-bound and synchronous, so it never runs on the
 //! tokio workers, and round-robin is fair on one or two cores where slots would otherwise fight
-//! over the same CPUs. Handlers talk to the thread through channels; a handler that goes away
-//! (the client disconnected) drops its receiver, and the slot is freed at its next step.
+//! over the same CPUs. Jobs come in through the queue and report through their own channel; an
+//! owner that goes away (the client disconnected) drops its receiver, and the slot is freed at
+//! its next step.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -13,11 +14,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tokio::sync::mpsc::UnboundedSender;
-
-use super::metrics::Metrics;
-use super::openai::{FinishReason, Generation, Usage};
+use super::counters::Counters;
+use super::generation::{FinishReason, Usage};
+use super::job::{Event, Job, JobFailure, Refused};
 use super::stop::StopMatcher;
+use super::Slots;
 use crate::model::{Model, Session};
 use crate::sampler::Sampler;
 use crate::tokenizer::StreamDecoder;
@@ -26,48 +27,7 @@ use crate::tokenizer::StreamDecoder;
 /// streaming while one slot reads a long prompt.
 const PREFILL_CHUNK: usize = 64;
 
-/// A generation request, tokenized and validated.
-pub struct Job {
-    pub prompt: Vec<u32>,
-    pub generation: Generation,
-    /// When the request must be done, queueing included.
-    pub deadline: Instant,
-    pub events: UnboundedSender<Event>,
-}
-
-/// What a slot reports to the request's handler.
-#[derive(Debug)]
-pub enum Event {
-    /// The next piece of completion text (never part of a stop sequence).
-    Text(String),
-    Done {
-        finish: FinishReason,
-        usage: Usage,
-    },
-    Failed(JobFailure),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JobFailure {
-    /// The per-request time limit passed.
-    Timeout,
-    /// The server is shutting down and its deadline for in-flight work passed.
-    ShuttingDown,
-    /// The engine failed; the message is for the log.
-    Engine(String),
-}
-
-/// Why [`Scheduler::submit`] refused a job.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Refused {
-    /// Every slot is busy and the queue is full.
-    QueueFull {
-        queue: usize,
-    },
-    ShuttingDown,
-}
-
-pub struct Scheduler {
+pub(super) struct Scheduler {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     n_ctx: usize,
@@ -77,7 +37,7 @@ pub struct Scheduler {
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
-    metrics: Arc<Metrics>,
+    counters: Arc<Counters>,
 }
 
 struct State {
@@ -94,21 +54,24 @@ impl Shared {
 }
 
 impl Scheduler {
-    /// Allocates `parallel` sessions of `n_ctx` tokens and starts the decode thread.
+    /// Allocates one session of `n_ctx` tokens per slot and starts the decode thread.
     pub fn start(
         model: Arc<Model>,
-        parallel: usize,
-        n_ctx: usize,
-        queue_capacity: usize,
-        metrics: Arc<Metrics>,
+        slots: Slots,
+        counters: Arc<Counters>,
     ) -> std::io::Result<Scheduler> {
+        let Slots {
+            parallel,
+            n_ctx,
+            queue: queue_capacity,
+        } = slots;
         let slots: Vec<Slot> = (0..parallel)
             .map(|_| Slot {
                 session: model.new_session(n_ctx),
                 task: None,
             })
             .collect();
-        metrics.slots.store(parallel as u64, Relaxed);
+        counters.slots.store(parallel as u64, Relaxed);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: VecDeque::with_capacity(queue_capacity + parallel),
@@ -116,7 +79,7 @@ impl Scheduler {
                 stopping: false,
             }),
             wake: Condvar::new(),
-            metrics,
+            counters,
         });
         let thread = std::thread::Builder::new().name("decode".into()).spawn({
             let shared = shared.clone();
@@ -148,7 +111,7 @@ impl Scheduler {
         }
         state.pending.push_back(job);
         self.shared
-            .metrics
+            .counters
             .queue_depth
             .store(state.pending.len() as u64, Relaxed);
         drop(state);
@@ -206,7 +169,7 @@ struct Task {
 }
 
 fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
-    let metrics = &shared.metrics;
+    let counters = &shared.counters;
     let slot_count = slots.len();
     loop {
         {
@@ -224,11 +187,11 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
                                 .send(Event::Failed(JobFailure::ShuttingDown));
                         }
                     }
-                    metrics.queue_depth.store(0, Relaxed);
-                    metrics.busy_slots.store(0, Relaxed);
+                    counters.queue_depth.store(0, Relaxed);
+                    counters.busy_slots.store(0, Relaxed);
                     return;
                 }
-                drop_abandoned(&mut state.pending, metrics);
+                drop_abandoned(&mut state.pending, counters);
                 for slot in slots.iter_mut().filter(|s| s.task.is_none()) {
                     let Some(job) = state.pending.pop_front() else {
                         break;
@@ -237,11 +200,11 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
                     slot.task = Some(Task::new(job, model, slot.session.n_ctx()));
                     state.idle_slots -= 1;
                 }
-                metrics
+                counters
                     .queue_depth
                     .store(state.pending.len() as u64, Relaxed);
                 let busy = slots.len() - state.idle_slots;
-                metrics.busy_slots.store(busy as u64, Relaxed);
+                counters.busy_slots.store(busy as u64, Relaxed);
                 if busy > 0 {
                     break;
                 }
@@ -249,7 +212,7 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
             }
         }
         for slot in &mut slots {
-            let Step::Finished(last) = slot.step(model, metrics) else {
+            let Step::Finished(last) = slot.step(model, counters) else {
                 continue;
             };
             let Some(task) = slot.task.take() else {
@@ -262,7 +225,7 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
                 state.idle_slots += 1;
                 slot_count - state.idle_slots
             };
-            metrics.busy_slots.store(busy as u64, Relaxed);
+            counters.busy_slots.store(busy as u64, Relaxed);
             if let Some(event) = last {
                 let _ = task.job.events.send(event);
             }
@@ -271,11 +234,11 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
 }
 
 /// Removes queued jobs whose client left or whose time ran out while waiting.
-fn drop_abandoned(pending: &mut VecDeque<Job>, metrics: &Metrics) {
+fn drop_abandoned(pending: &mut VecDeque<Job>, counters: &Counters) {
     let now = Instant::now();
     pending.retain(|job| {
         if job.events.is_closed() {
-            metrics.cancelled.fetch_add(1, Relaxed);
+            counters.cancelled.fetch_add(1, Relaxed);
             false
         } else if now >= job.deadline {
             let _ = job.events.send(Event::Failed(JobFailure::Timeout));
@@ -329,20 +292,23 @@ impl Task {
         }
         Step::Finished(Some(Event::Done {
             finish,
-            usage: Usage::new(self.prompt_len, self.generated),
+            usage: Usage {
+                prompt_tokens: self.prompt_len,
+                completion_tokens: self.generated,
+            },
         }))
     }
 }
 
 impl Slot {
     /// Runs one step of this slot's task.
-    fn step(&mut self, model: &Model, metrics: &Metrics) -> Step {
+    fn step(&mut self, model: &Model, counters: &Counters) -> Step {
         let Slot { session, task } = self;
         let Some(task) = task.as_mut() else {
             return Step::Continue;
         };
         if task.job.events.is_closed() {
-            metrics.cancelled.fetch_add(1, Relaxed);
+            counters.cancelled.fetch_add(1, Relaxed);
             return Step::Finished(None);
         }
         if Instant::now() >= task.job.deadline {
@@ -367,13 +333,13 @@ impl Slot {
             }
         };
         if prefilling {
-            metrics.add_prefill(started.elapsed());
-            metrics.prompt_tokens.fetch_add(n_input as u64, Relaxed);
+            counters.add_prefill(started.elapsed());
+            counters.prompt_tokens.fetch_add(n_input as u64, Relaxed);
             if task.prefilled < task.prompt_len {
                 return Step::Continue;
             }
         } else {
-            metrics.add_decode(started.elapsed());
+            counters.add_decode(started.elapsed());
         }
 
         let token = task.sampler.sample(logits, &task.history);
@@ -383,7 +349,7 @@ impl Slot {
         }
         task.history.push(token);
         task.generated += 1;
-        metrics.generated_tokens.fetch_add(1, Relaxed);
+        counters.generated_tokens.fetch_add(1, Relaxed);
         if let Some(piece) = task.decoder.push(tokenizer, token) {
             let stopped = task.stop.push(piece, &mut task.text);
             if !task.text.is_empty() {

@@ -1,17 +1,84 @@
-//! Request and response bodies of the OpenAI API, as the official SDKs send and parse them.
-//! Unknown request fields are ignored (serde's default), as OpenAI does.
+//! Request bodies of the OpenAI API, as the official SDKs send them, and their checks. Unknown
+//! fields are ignored, as OpenAI does.
 
-use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::marker::PhantomData;
 
-use super::error::ApiError;
+use serde::de::{self, DeserializeOwned, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+use crate::engine::chat_template::Turn;
+use crate::engine::Generation;
 use crate::sampler::SamplerParams;
+use crate::serve::error::ApiError;
 
-/// `POST /v1/chat/completions`: the messages. The generation parameters are read from the
-/// same body as a [`GenerationRequest`] (not `#[serde(flatten)]`, which loses field names from
-/// error messages).
-#[derive(Debug, Deserialize)]
+/// `POST /v1/chat/completions`.
+#[derive(Debug)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
+    pub generation: GenerationRequest,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    pub generation: GenerationRequest,
+}
+
+/// A generating request after its checks: its input, what the engine is to do, and how the
+/// answer is sent.
+pub struct Checked<I> {
+    pub input: I,
+    pub generation: Generation,
+    pub delivery: Delivery,
+}
+
+/// How the answer is sent.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery {
+    /// As server-sent events, a chunk per piece of text.
+    pub stream: bool,
+    /// A last chunk with the token counts (`stream_options.include_usage`).
+    pub include_usage: bool,
+}
+
+impl ChatRequest {
+    pub fn check(self) -> Result<Checked<Vec<Turn>>, ApiError> {
+        let (generation, delivery) = self.generation.check()?;
+        if self.messages.is_empty() {
+            return Err(ApiError::bad_param(
+                "messages",
+                "messages is empty: send at least one message",
+            ));
+        }
+        let turns = self
+            .messages
+            .iter()
+            .map(|m| {
+                Ok(Turn {
+                    role: m.role.clone(),
+                    content: m.text()?,
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok(Checked {
+            input: turns,
+            generation,
+            delivery,
+        })
+    }
+}
+
+impl CompletionRequest {
+    pub fn check(self) -> Result<Checked<PromptInput>, ApiError> {
+        let (generation, delivery) = self.generation.check()?;
+        Ok(Checked {
+            input: self.prompt.into_input()?,
+            generation,
+            delivery,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -57,12 +124,6 @@ impl ChatMessage {
     }
 }
 
-/// `POST /v1/completions`: the prompt, beside a [`GenerationRequest`].
-#[derive(Debug, Deserialize)]
-pub struct CompletionRequest {
-    pub prompt: Prompt,
-}
-
 /// A completion prompt: text or token ids, alone or as a one-element list.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -73,7 +134,7 @@ pub enum Prompt {
     TokenLists(Vec<Vec<u32>>),
 }
 
-/// What the scheduler needs to know about a prompt before tokenizing.
+/// The one prompt of a completion request: text to tokenize, or token ids.
 pub enum PromptInput {
     Text(String),
     Tokens(Vec<u32>),
@@ -99,27 +160,55 @@ impl Prompt {
     }
 }
 
-/// The generation parameters shared by both endpoints.
-#[derive(Debug, Default, Deserialize)]
-pub struct GenerationRequest {
-    #[serde(default)]
-    pub model: Option<String>,
-    pub max_tokens: Option<u32>,
-    pub max_completion_tokens: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<u32>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
+/// Declares [`GenerationRequest`] and the reader of its fields from one list, so that a field
+/// cannot be declared and never read.
+macro_rules! generation_request {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
+        /// The generation parameters both generating endpoints take, in the same JSON object as
+        /// the endpoint's own field (`messages`, `prompt`).
+        #[derive(Debug, Default)]
+        pub struct GenerationRequest {
+            $($(#[$doc])* pub $field: $ty,)*
+        }
+
+        impl GenerationRequest {
+            #[cfg(test)]
+            const FIELDS: &[&str] = &[$(stringify!($field)),*];
+
+            /// Reads the value of `key` if it is one of the parameters; false if it is not.
+            fn read<'de, A: MapAccess<'de>>(
+                &mut self,
+                key: &str,
+                map: &mut A,
+            ) -> Result<bool, A::Error> {
+                $(if key == stringify!($field) {
+                    self.$field = map.next_value()?;
+                    return Ok(true);
+                })*
+                Ok(false)
+            }
+        }
+    };
+}
+
+generation_request! {
+    /// Accepted and ignored: this server serves one model.
+    model: Option<String>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
     /// OpenAI sends integers; a negative seed (llama.cpp's -1) means "random".
-    pub seed: Option<i64>,
-    pub stop: Option<Stop>,
-    pub n: Option<u32>,
-    #[serde(default)]
-    pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
+    seed: Option<i64>,
+    stop: Option<Stop>,
+    n: Option<u32>,
+    stream: bool,
+    stream_options: Option<StreamOptions>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -135,22 +224,12 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Validated generation settings.
-#[derive(Debug, Clone)]
-pub struct Generation {
-    pub sampler: SamplerParams,
-    /// `None`: until the end of the context.
-    pub max_tokens: Option<usize>,
-    pub stop: Vec<String>,
-    pub stream: bool,
-    pub include_usage: bool,
-}
-
 /// OpenAI allows at most 4 stop sequences; a few more cost nothing, hundreds would.
 const MAX_STOPS: usize = 16;
 
 impl GenerationRequest {
-    pub fn validate(self) -> Result<Generation, ApiError> {
+    /// The engine's settings and the answer's delivery; refuses values out of range by name.
+    pub fn check(self) -> Result<(Generation, Delivery), ApiError> {
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::bad_param(
                 "n",
@@ -192,7 +271,7 @@ impl GenerationRequest {
             Some(s) if s >= 0 => s as u64,
             _ => random_seed(),
         };
-        Ok(Generation {
+        let generation = Generation {
             sampler: SamplerParams {
                 temperature: temperature.unwrap_or(defaults.temperature),
                 top_k: self.top_k.map_or(defaults.top_k, |k| k as usize),
@@ -206,9 +285,12 @@ impl GenerationRequest {
             },
             max_tokens,
             stop,
+        };
+        let delivery = Delivery {
             stream: self.stream,
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
-        })
+        };
+        Ok((generation, delivery))
     }
 }
 
@@ -240,104 +322,69 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// An end-of-generation token or a stop sequence.
-    Stop,
-    /// max_tokens reached, or the context is full.
-    Length,
+// ---- reading a generating request in one pass --------------------------------------------
+//
+// Not `#[serde(flatten)]`: flatten buffers the fields it hands on, and their errors lose the
+// field's name (`invalid JSON body at `max_tokens`: ...` would lose `at `max_tokens``).
+
+impl<'de> Deserialize<'de> for ChatRequest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (messages, generation) =
+            d.deserialize_map(WithGeneration::new("ChatRequest", "messages"))?;
+        Ok(ChatRequest {
+            messages,
+            generation,
+        })
+    }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub total_tokens: usize,
+impl<'de> Deserialize<'de> for CompletionRequest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (prompt, generation) =
+            d.deserialize_map(WithGeneration::new("CompletionRequest", "prompt"))?;
+        Ok(CompletionRequest { prompt, generation })
+    }
 }
 
-impl Usage {
-    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Usage {
-        Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
+/// Reads an object of one required field `field` (of type `T`) beside the generation
+/// parameters. A repeated field keeps its last value, as JSON objects read into maps do.
+struct WithGeneration<T> {
+    /// For "expected struct …" messages.
+    name: &'static str,
+    field: &'static str,
+    value: PhantomData<T>,
+}
+
+impl<T> WithGeneration<T> {
+    fn new(name: &'static str, field: &'static str) -> Self {
+        WithGeneration {
+            name,
+            field,
+            value: PhantomData,
         }
     }
 }
 
-// ---- responses ---------------------------------------------------------------------------
+impl<'de, T: DeserializeOwned> Visitor<'de> for WithGeneration<T> {
+    type Value = (T, GenerationRequest);
 
-#[derive(Debug, Serialize)]
-pub struct ChatCompletion<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    pub choices: [ChatChoice; 1],
-    pub usage: Usage,
-}
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "struct {}", self.name)
+    }
 
-#[derive(Debug, Serialize)]
-pub struct ChatChoice {
-    pub index: u32,
-    pub message: AssistantMessage,
-    pub logprobs: Option<()>,
-    pub finish_reason: FinishReason,
-}
-
-#[derive(Debug, Serialize)]
-pub struct AssistantMessage {
-    pub role: &'static str,
-    pub content: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ChatChunk<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    /// Empty in the final usage chunk, one element otherwise.
-    pub choices: Vec<ChunkChoice<'a>>,
-    /// Present (null until the last chunk) only when `stream_options.include_usage` is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Option<Usage>>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ChunkChoice<'a> {
-    pub index: u32,
-    pub delta: Delta<'a>,
-    pub logprobs: Option<()>,
-    pub finish_reason: Option<FinishReason>,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct Delta<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub content: Option<&'a str>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TextCompletion<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    pub choices: Vec<TextChoice<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Option<Usage>>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TextChoice<'a> {
-    pub index: u32,
-    pub text: &'a str,
-    pub logprobs: Option<()>,
-    pub finish_reason: Option<FinishReason>,
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut value = None;
+        let mut generation = GenerationRequest::default();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == self.field {
+                value = Some(map.next_value()?);
+            } else if !generation.read(&key, &mut map)? {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        let value = value.ok_or_else(|| de::Error::missing_field(self.field))?;
+        Ok((value, generation))
+    }
 }
 
 #[cfg(test)]
@@ -348,10 +395,8 @@ mod tests {
         serde_json::from_str(json)
     }
 
-    fn generation(json: &str) -> Result<Generation, ApiError> {
-        serde_json::from_str::<GenerationRequest>(json)
-            .unwrap()
-            .validate()
+    fn generation(json: &str) -> Result<(Generation, Delivery), ApiError> {
+        chat(json).unwrap().generation.check()
     }
 
     #[test]
@@ -359,21 +404,23 @@ mod tests {
         let body = r#"{"model":"m","messages":[{"role":"user","content":"hi","name":"x"}],
             "logit_bias":{},"user":"u","temperature":null,"stop":null,"seed":null}"#;
         assert_eq!(chat(body).unwrap().messages.len(), 1);
-        let g = generation(body).unwrap();
+        let (g, _) = generation(body).unwrap();
         assert_eq!(g.sampler.temperature, SamplerParams::default().temperature);
         assert!(g.stop.is_empty());
     }
 
     #[test]
     fn max_completion_tokens_wins_over_max_tokens() {
-        let g = generation(r#"{"max_tokens":5,"max_completion_tokens":7}"#).unwrap();
+        let (g, _) =
+            generation(r#"{"messages":[],"max_tokens":5,"max_completion_tokens":7}"#).unwrap();
         assert_eq!(g.max_tokens, Some(7));
     }
 
     #[test]
     fn stop_is_a_string_or_a_list() {
-        assert_eq!(generation(r#"{"stop":"\n"}"#).unwrap().stop, vec!["\n"]);
-        let many = generation(r#"{"stop":["a","","b"]}"#).unwrap();
+        let (one, _) = generation(r#"{"messages":[],"stop":"\n"}"#).unwrap();
+        assert_eq!(one.stop, vec!["\n"]);
+        let (many, _) = generation(r#"{"messages":[],"stop":["a","","b"]}"#).unwrap();
         assert_eq!(many.stop, vec!["a", "b"]);
     }
 
@@ -393,15 +440,50 @@ mod tests {
                     assert_eq!(p, param);
                     assert!(message.contains(param), "{message}");
                 }
-                other => panic!("{json}: {other:?}"),
+                other => panic!("{json}: {:?}", other.map(|_| ())),
             }
         }
     }
 
     #[test]
     fn stream_options() {
-        let g = generation(r#"{"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
-        assert!(g.stream && g.include_usage);
+        let (_, d) =
+            generation(r#"{"messages":[],"stream":true,"stream_options":{"include_usage":true}}"#)
+                .unwrap();
+        assert!(d.stream && d.include_usage);
+    }
+
+    /// Every parameter is read from the body: a value of the wrong type is refused by name.
+    #[test]
+    fn every_parameter_is_read() {
+        assert_eq!(GenerationRequest::FIELDS.len(), 15);
+        for field in GenerationRequest::FIELDS {
+            // `[[]]` is of no parameter's type.
+            let body = format!(r#"{{"messages":[],"{field}":[[]]}}"#);
+            let mut de = serde_json::Deserializer::from_str(&body);
+            let err = serde_path_to_error::deserialize::<_, ChatRequest>(&mut de).unwrap_err();
+            assert!(err.path().to_string().starts_with(field), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_repeated_field_keeps_its_last_value() {
+        let (g, _) = generation(r#"{"messages":[],"max_tokens":5,"max_tokens":7}"#).unwrap();
+        assert_eq!(g.max_tokens, Some(7));
+    }
+
+    #[test]
+    fn missing_input_and_wrong_shapes() {
+        let e = chat(r#"{"max_tokens":5}"#).unwrap_err();
+        assert!(e.to_string().starts_with("missing field `messages`"), "{e}");
+        let e = chat("5").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("invalid type: integer `5`, expected struct ChatRequest"),
+            "{e}"
+        );
+        let e = serde_json::from_str::<CompletionRequest>("{}").unwrap_err();
+        assert!(e.to_string().starts_with("missing field `prompt`"), "{e}");
     }
 
     #[test]
@@ -420,26 +502,5 @@ mod tests {
         assert!(matches!(p.prompt.into_input(), Ok(PromptInput::Tokens(t)) if t == [1, 2, 3]));
         let p: CompletionRequest = serde_json::from_str(r#"{"prompt":["a","b"]}"#).unwrap();
         assert!(p.prompt.into_input().is_err());
-    }
-
-    #[test]
-    fn usage_chunk_shapes() {
-        let chunk = ChatChunk {
-            id: "c",
-            object: "chat.completion.chunk",
-            created: 1,
-            model: "m",
-            choices: vec![],
-            usage: Some(None),
-        };
-        assert_eq!(
-            serde_json::to_value(&chunk).unwrap()["usage"],
-            serde_json::Value::Null
-        );
-        let chunk = ChatChunk {
-            usage: None,
-            ..chunk
-        };
-        assert!(serde_json::to_value(&chunk).unwrap().get("usage").is_none());
     }
 }

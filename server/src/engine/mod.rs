@@ -1,0 +1,127 @@
+//! The engine: a loaded model, its slots and the decode thread. Prompts go in as token ids with
+//! [`Generation`] settings; text comes out as [`Event`]s. Nothing here knows HTTP or the shape of
+//! any API: `serve/` translates OpenAI requests into these types and events into responses.
+
+pub mod chat_template;
+mod counters;
+mod generation;
+mod job;
+mod scheduler;
+mod stop;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::unbounded_channel;
+
+use crate::model::Model;
+use chat_template::{ChatTemplate, TemplateError, Turn};
+use job::Job;
+use scheduler::Scheduler;
+
+pub use counters::Counters;
+pub use generation::{FinishReason, Generation, Usage};
+pub use job::{Event, Events, JobFailure, Refused};
+pub use stop::StopMatcher;
+
+/// How many jobs run and wait, and how much each may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Slots {
+    /// Jobs generated at the same time, each in its own session.
+    pub parallel: usize,
+    /// Tokens of context per slot (prompt and generated text).
+    pub n_ctx: usize,
+    /// Jobs that may wait for a slot; beyond this [`Engine::submit`] refuses.
+    pub queue: usize,
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// The decode thread could not be spawned.
+    #[error(transparent)]
+    Thread(#[from] std::io::Error),
+}
+
+pub struct Engine {
+    model: Arc<Model>,
+    template: ChatTemplate,
+    scheduler: Scheduler,
+}
+
+impl Engine {
+    /// Reads the model's chat template, allocates every slot's session and starts the decode
+    /// thread.
+    pub fn start(
+        model: Arc<Model>,
+        slots: Slots,
+        counters: Arc<Counters>,
+    ) -> Result<Engine, StartError> {
+        let template = ChatTemplate::for_model(&model)?;
+        let scheduler = Scheduler::start(model.clone(), slots, counters)?;
+        Ok(Engine {
+            model,
+            template,
+            scheduler,
+        })
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Each slot's context size.
+    pub fn n_ctx(&self) -> usize {
+        self.scheduler.n_ctx()
+    }
+
+    /// The prompt for a chat: the turns in the model's template, then the opening of the
+    /// assistant's turn.
+    pub fn chat_prompt(&self, turns: &[Turn]) -> Result<Vec<u32>, TemplateError> {
+        let text = self.template.render(turns)?;
+        // The template's text starts without BOS; the tokenizer adds exactly one.
+        Ok(self.model.tokenizer().encode(&text, true, true))
+    }
+
+    /// The prompt for a text to continue. As llama-server: BOS added where the vocabulary wants
+    /// it, control-token texts such as `<start_of_turn>` read as those tokens.
+    pub fn text_prompt(&self, text: &str) -> Vec<u32> {
+        self.model.tokenizer().encode(text, true, true)
+    }
+
+    /// Queues a generation from `prompt` that must end by `deadline`; its events arrive on the
+    /// returned receiver. The prompt must leave room for at least one generated token.
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        generation: Generation,
+        deadline: Instant,
+    ) -> Result<Events, Refused> {
+        let n_ctx = self.n_ctx();
+        if prompt.is_empty() {
+            return Err(Refused::EmptyPrompt);
+        }
+        if prompt.len() >= n_ctx {
+            return Err(Refused::PromptTooLong {
+                tokens: prompt.len(),
+                n_ctx,
+            });
+        }
+        let (events, receiver) = unbounded_channel();
+        self.scheduler.submit(Job {
+            prompt,
+            generation,
+            deadline,
+            events,
+        })?;
+        Ok(receiver)
+    }
+
+    /// Fails every queued and running job with [`JobFailure::ShuttingDown`], refuses new ones
+    /// and waits for the decode thread to end.
+    pub fn stop(&self) {
+        self.scheduler.stop();
+    }
+}

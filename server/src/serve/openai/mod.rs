@@ -1,0 +1,8 @@
+//! The bodies of the OpenAI API: requests as the official SDKs send them, responses as they
+//! parse them.
+
+mod request;
+mod response;
+
+pub use request::*;
+pub use response::*;
