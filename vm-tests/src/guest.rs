@@ -57,10 +57,10 @@ impl Guest {
             cpu,
             ram_mib: p.machine.ram_mib,
             guest_ports: &[ssh_port, api_port, CLOSED_PORT],
-            metadata: (
+            metadata: Some((
                 format!("{}:80", p.oci.metadata_address),
                 boot.imds_command.clone(),
-            ),
+            )),
             dir: boot.dir,
         })?;
         let ssh = Ssh::new(boot.key, vm.forward(ssh_port));

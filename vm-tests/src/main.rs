@@ -6,7 +6,6 @@ mod checks;
 mod guest;
 mod http;
 mod imds;
-mod qemu;
 mod sabotage;
 mod ssh;
 mod suite;
@@ -21,6 +20,7 @@ use clap::{Parser, Subcommand};
 
 use guest::{Boot, Guest};
 use suite::{Stopped, Suite};
+use vm_tests::qemu;
 
 #[derive(Parser)]
 #[command(about = "Boot the appliance image in QEMU and check it from outside and inside")]

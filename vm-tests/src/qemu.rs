@@ -1,5 +1,6 @@
 //! One QEMU guest booting the appliance image the way OCI boots it: UEFI (OVMF), virtio disk and
-//! network, serial console, the profile's RAM.
+//! network, serial console, the profile's RAM. The one launcher: the VM suite and
+//! `cargo xtask image --smoke` both start their guests here.
 //!
 //! TCG only: /dev/kvm exists on these machines but hangs every guest. `-snapshot` writes nothing
 //! back to the image. User networking lives in 169.254.0.0/16 because QEMU accepts a `guestfwd`
@@ -23,8 +24,9 @@ pub struct Config<'a> {
     pub ram_mib: u64,
     /// Guest TCP ports to forward from the host's loopback.
     pub guest_ports: &'a [u16],
-    /// `IP:PORT` of the metadata service and the command QEMU runs per connection to it.
-    pub metadata: (String, String),
+    /// `IP:PORT` of the metadata service and the command QEMU runs per connection to it, if
+    /// the guest gets one.
+    pub metadata: Option<(String, String)>,
     /// Where the guest's files (console, firmware variables) go.
     pub dir: &'a Path,
 }
@@ -60,11 +62,13 @@ impl Vm {
             .map(|&guest| Ok((guest, free_loopback_port()?)))
             .collect::<Result<Vec<_>>>()?;
         let stderr = config.dir.join(format!("qemu-{}.stderr", config.cpu));
-        let (address, command) = &config.metadata;
-        let mut netdev = format!(
-            "user,id=net0,net={NETWORK},guestfwd=tcp:{address}-cmd:{}",
-            command.replace(',', ",,")
-        );
+        let mut netdev = format!("user,id=net0,net={NETWORK}");
+        if let Some((address, command)) = &config.metadata {
+            netdev.push_str(&format!(
+                ",guestfwd=tcp:{address}-cmd:{}",
+                command.replace(',', ",,")
+            ));
+        }
         for (guest, host) in &forwards {
             netdev.push_str(&format!(",hostfwd=tcp:{host}-:{guest}"));
         }

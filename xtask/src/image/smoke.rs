@@ -1,20 +1,15 @@
 //! `--smoke`: boot the image the way OCI would (UEFI, serial console, the profile's RAM) in
-//! QEMU and wait for the login prompt on the serial console.
-//!
-//! QEMU runs under TCG with `-cpu max` (x86-64-v3 for the server): /dev/kvm hangs guests on
-//! these machines. `-snapshot` keeps the image untouched.
+//! QEMU, through the VM suite's launcher (`vm_tests::qemu`), and wait for the login prompt on
+//! the serial console and then for the server's `/health`.
 
 use std::fmt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use appliance::Profile;
+use vm_tests::qemu::{Config, Vm};
 use xshell::Shell;
-
-const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
-const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 
 /// What the boot showed.
 pub struct Boot {
@@ -43,52 +38,20 @@ impl fmt::Display for Boot {
     }
 }
 
-/// Kills QEMU when the smoke test ends, however it ends.
-struct Vm(Child);
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u64) -> Result<Boot> {
     crate::setup::ensure_debian(sh, &[crate::setup::Need::VmSuite])?;
-    let vars = out.join("smoke-ovmf-vars.fd");
-    std::fs::copy(OVMF_VARS, &vars).with_context(|| format!("copy {OVMF_VARS}"))?;
-    let console = out.join("smoke-console.log");
-    let _ = std::fs::remove_file(&console);
-    // A free loopback port for the API, forwarded by QEMU to the guest's API port.
-    let host_port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let health = std::net::SocketAddr::from(([127, 0, 0, 1], host_port));
+    let api_port = profile.server.api_port.0;
     let started = Instant::now();
-    let mut vm = Vm(Command::new("qemu-system-x86_64")
-        .args([
-            "-machine", "q35", "-accel", "tcg", "-cpu", "max", "-smp", "2",
-        ])
-        .args(["-m", &profile.machine.ram_mib.to_string()])
-        .arg("-drive")
-        .arg(format!("if=pflash,format=raw,readonly=on,file={OVMF_CODE}"))
-        .arg("-drive")
-        .arg(format!("if=pflash,format=raw,file={}", vars.display()))
-        .arg("-drive")
-        .arg(format!("if=virtio,format=qcow2,file={}", image.display()))
-        .args(["-snapshot", "-nographic", "-monitor", "none"])
-        .arg("-netdev")
-        .arg(format!(
-            "user,id=net0,hostfwd=tcp:127.0.0.1:{host_port}-:{}",
-            profile.server.api_port
-        ))
-        .args(["-device", "virtio-net-pci,netdev=net0"])
-        .arg("-serial")
-        .arg(format!("file:{}", console.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .context("start qemu-system-x86_64")?);
+    let mut vm = Vm::start(&Config {
+        image,
+        cpu: "max",
+        ram_mib: profile.machine.ram_mib,
+        guest_ports: &[api_port],
+        metadata: None,
+        dir: out,
+    })?;
+    let health = vm.forward(api_port);
+    let console = vm.console.clone();
     let deadline = Duration::from_secs(timeout);
     let mut to_login = None;
     loop {
@@ -110,11 +73,8 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
                 });
             }
         }
-        if let Some(status) = vm.0.try_wait()? {
-            bail!(
-                "QEMU exited ({status}) before the login prompt:\n{}",
-                tail(&text)
-            );
+        if let Err(e) = vm.ensure_running() {
+            bail!("{e:#}, before the login prompt:\n{}", tail(&text));
         }
         if to_login.is_none() && started.elapsed() > deadline {
             bail!(
