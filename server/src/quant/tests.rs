@@ -32,9 +32,20 @@ impl Rng {
     }
 }
 
+/// The largest magnitude of a random weight row's float fields (its scales and offsets).
+const WEIGHT_FLOATS: f32 = 0.05;
+
 /// A random weight row of `n` values: random quant bits and finite scales.
 fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
-    random_row(ty, n, 0.05, &mut || rng.next_u64())
+    random_row(ty, n, WEIGHT_FLOATS, &mut || rng.next_u64())
+}
+
+/// [`format::Activation::SUM_ROUNDING`] of the activation format of `w`.
+fn sum_rounding(w: GgmlType) -> f64 {
+    fn of<W: WeightRow>() -> f64 {
+        <W::Act as format::Activation>::SUM_ROUNDING
+    }
+    with_weight!(w, W => of::<W>())
 }
 
 /// Random activations with occasional outliers, as real hidden states have.
@@ -103,7 +114,8 @@ proptest! {
     }
 
     /// The integer arithmetic (mins and offsets via bsums, scales applied to int sums) equals the
-    /// plain dot product of the dequantised rows.
+    /// plain dot product of the dequantised rows; where the activation's block sums are rounded
+    /// (Q8_1's `s`), up to that rounding times the weights' offsets (at most `WEIGHT_FLOATS`).
     #[test]
     fn reference_vec_dot_equals_dot_of_dequantised_rows(seed in any::<u64>(), blocks in 1usize..=3) {
         for (w, n, w_row, act) in cases(seed, blocks) {
@@ -111,7 +123,12 @@ proptest! {
             let ad = dequantized(vec_dot_type(w), &act, n);
             let exact: f64 = wd.iter().zip(&ad).map(|(a, b)| *a as f64 * *b as f64).sum();
             let got = vec_dot_ref(w, n, &w_row, &act) as f64;
-            let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
+            let block_sums: f64 = ad
+                .chunks(vec_dot_type(w).block_len())
+                .map(|b| b.iter().map(|&a| a as f64).sum::<f64>().abs())
+                .sum();
+            let sums = sum_rounding(w) * WEIGHT_FLOATS as f64 * block_sums;
+            let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6 + sums;
             prop_assert!((got - exact).abs() <= tol, "{w}, n={n}: {got} vs {exact} (tolerance {tol})");
         }
     }
@@ -192,18 +209,19 @@ proptest! {
         let x = random_activations(512, &mut rng);
         for w in WEIGHT_TYPES {
             let ty = vec_dot_type(w);
+            let f16_scale = matches!(with_format!(ty, F => F::FLOATS), [format::Float::F16(_), ..]);
             let back = dequantized(ty, &quantized(w, &x), x.len());
             let chunk = ty.block_len().max(32);
             for (block, (xs, ys)) in x.chunks(chunk).zip(back.chunks(chunk)).enumerate() {
                 let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (&x, &y) in xs.iter().zip(ys) {
-                    // Half a quantisation step; Q8_0 also carries d's f16 rounding (2^-11
-                    // relative), F16 the absolute step of its subnormals.
+                    // Half a quantisation step; an f16 scale (Q8_0's d) also carries its
+                    // rounding (2^-11 relative), F16 the absolute step of its subnormals.
                     let bound = match ty {
                         GgmlType::F32 => 0.0,
                         GgmlType::F16 => x.abs() * 2f32.powi(-11) + 2f32.powi(-25),
                         GgmlType::BF16 => x.abs() * 2f32.powi(-8),
-                        GgmlType::Q8_0 => (amax / 127.0 * 0.5 + amax * 2f32.powi(-11)) * 1.0001,
+                        _ if f16_scale => (amax / 127.0 * 0.5 + amax * 2f32.powi(-11)) * 1.0001,
                         _ => amax / 127.0 * 0.5 * 1.0001,
                     };
                     prop_assert!((x - y).abs() <= bound, "{ty} block {block}: {x} came back as {y}");

@@ -31,6 +31,8 @@ impl Format for Bf16 {
 }
 
 impl Activation for Bf16 {
+    const SUM_ROUNDING: f64 = 0.0;
+
     /// f32 → bf16 as `ggml_compute_fp32_to_bf16`: round to nearest even on the raw bits, and a
     /// NaN keeps its top bits with the quiet bit forced (so it cannot round into infinity).
     fn quantize(x: &[f32], out: &mut [BlockBf16]) {

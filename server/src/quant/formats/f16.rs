@@ -31,6 +31,8 @@ impl Format for F16 {
 }
 
 impl Activation for F16 {
+    const SUM_ROUNDING: f64 = 0.0;
+
     /// f32 → f16 as F16C's `vcvtps2ph` with rounding mode 0 (nearest even), which ggml uses on x86.
     fn quantize(x: &[f32], out: &mut [BlockF16]) {
         for (v, o) in x.iter().zip(out) {

@@ -29,6 +29,8 @@ impl Format for F32 {
 }
 
 impl Activation for F32 {
+    const SUM_ROUNDING: f64 = 0.0;
+
     fn quantize(x: &[f32], out: &mut [BlockF32]) {
         for (v, o) in x.iter().zip(out) {
             o.v = v.to_le_bytes();

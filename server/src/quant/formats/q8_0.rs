@@ -27,6 +27,8 @@ impl Format for Q8_0 {
 }
 
 impl Activation for Q8_0 {
+    const SUM_ROUNDING: f64 = 0.0;
+
     /// As `quantize_row_q8_0` in ggml/src/ggml-cpu/arch/x86/quants.c (AVX2 branch):
     /// `d = amax/127` stored as f16 (round to nearest even), `id = 127/amax` (not `1/d` as the
     /// portable `_ref` has), and `x*id` rounded half to even (`_mm256_round_ps(_MM_ROUND_NEAREST)`,

@@ -38,6 +38,8 @@ impl Format for Q8K {
 }
 
 impl Activation for Q8K {
+    const SUM_ROUNDING: f64 = 0.0;
+
     /// As `quantize_row_q8_K_ref` in ggml/src/ggml-quants.c (x86 calls it directly): the scale
     /// comes from the signed value of largest magnitude, `iscale = -127/max`, quants are
     /// `min(127, nearest_int(iscale*x))` and `d = 1/iscale` (negative when max > 0). An all-zero
