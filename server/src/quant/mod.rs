@@ -54,6 +54,7 @@ formats! {
         F16    =  1,  "f16",     f16::F16,        f16::F16,     [];
         BF16   = 30,  "bf16",    bf16::Bf16,      bf16::Bf16,   [];
         Q4_0   =  2,  "q4_0",    q4_0::Q4_0,      q8_0::Q8_0,   [Repacked];
+        Q4_1   =  3,  "q4_1",    q4_1::Q4_1,      q8_1::Q8_1,   [];
         Q5_0   =  6,  "q5_0",    q5_0::Q5_0,      q8_0::Q8_0,   [];
         Q8_0   =  8,  "q8_0",    q8_0::Q8_0,      q8_0::Q8_0,   [];
         Q4_K   = 12,  "q4_K",    q4_k::Q4K,       q8_k::Q8K,    [Repacked, Tiled];
@@ -64,6 +65,7 @@ formats! {
     }
     // Formats only activations are quantised into.
     activations {
+        Q8_1   =  9,  "q8_1",    q8_1::Q8_1;
         Q8_K   = 15,  "q8_K",    q8_k::Q8K;
     }
 }
