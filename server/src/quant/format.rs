@@ -49,9 +49,10 @@ pub enum Float {
 
 /// A format activation rows are converted to before they are dotted with weights.
 pub trait Activation: Format {
-    /// Relative rounding of the block sums a dot takes from this format instead of summing its
-    /// values (Q8_1's f16 `s`, by which weights with an offset multiply it); 0 where a format
-    /// stores none or they are exact (Q8_K's integer `bsums`). Read by the property tests.
+    /// How far, relatively, the block sums a dot takes from this format may be from the sum of
+    /// its dequantised values (Q8_1's f16 `s`, by which weights with an offset multiply it); 0
+    /// where a format stores none or they are exact (Q8_K's integer `bsums`). Read by the
+    /// property tests.
     #[cfg_attr(not(test), allow(dead_code))]
     const SUM_ROUNDING: f64;
     /// Quantises `x` (a whole number of blocks) into `out`, bit-identical to llama.cpp's x86

@@ -31,8 +31,9 @@ impl Format for Q8_1 {
 }
 
 impl Activation for Q8_1 {
-    /// `s` is rounded to f16.
-    const SUM_ROUNDING: f64 = 1.0 / 2048.0;
+    /// `s` is rounded to f16 from `amax/127·Σq`, the values' sum from d rounded to f16: two
+    /// roundings of 2^-11 apart.
+    const SUM_ROUNDING: f64 = 1.0 / 1024.0;
 
     /// As `quantize_row_q8_1` in ggml/src/ggml-cpu/arch/x86/quants.c (AVX2 branch): d and the
     /// quants as its Q8_0 twin computes them, and `s` = f16(`d·Σq`) with the unrounded
