@@ -15,7 +15,9 @@
 //! name, sizes, `SUPPORTED`, the activation buffer in the matmul, the dispatch of every function
 //! here, and the format's place in the property tests and the kernel bench, which walk the table.
 //! None of the traits' items has a default, so a format lacking a kernel, a reference or a
-//! quantiser does not compile, rather than falling back silently.
+//! quantiser does not compile, rather than falling back silently. (A type ggml has that we did
+//! not implement is also named in `types.rs` for error messages; a test fails while a row
+//! still is.) Q4_1 and Q8_1 were added this way.
 
 /// Items compiled only for x86-64-v3 (AVX2, FMA, F16C: the workspace's target); elsewhere the
 /// scalar references stand in for the kernels.
@@ -49,7 +51,7 @@ formats! {
     // Model tensor types. `orders`: llama.cpp's float orders for the type besides vec_dot
     // (see `DotOrder::of`).
     weights {
-        // type  ggml id  name      format (formats/*.rs)  activations   orders
+        // type  ggml id name      format (formats/*.rs) activations  orders
         F32    =  0,  "f32",     f32::F32,        f32::F32,     [];
         F16    =  1,  "f16",     f16::F16,        f16::F16,     [];
         BF16   = 30,  "bf16",    bf16::Bf16,      bf16::Bf16,   [];
@@ -113,13 +115,12 @@ pub enum DotOrder {
 
 impl DotOrder {
     /// The family llama.cpp on AVX2 uses for a `w` matrix of `rows` outputs multiplied by
-    /// `act_rows` activation rows at once, among the orders `w`'s row lists:
-    /// - Repacked types (Q4_0, Q4_K, IQ4_NL) are repacked when their rows come in whole groups
-    ///   of 8 (`ggml_repack_get_optimal_repack_type`, ggml/src/ggml-cpu/repack.cpp). That
-    ///   includes an output matrix tied to the embedding: llama.cpp loads the tie as a separate,
-    ///   repackable copy (TENSOR_DUPLICATED), while the embedding itself (read by GET_ROWS) is
-    ///   not.
-    /// - Tiled types (the K-quants) otherwise take the tiled kernel over at least 8 activation
+    /// `act_rows` activation rows at once, among the orders `w`'s row of the table lists:
+    /// - A repacked type is repacked when its rows come in whole groups of 8
+    ///   (`ggml_repack_get_optimal_repack_type`, ggml/src/ggml-cpu/repack.cpp). That includes an
+    ///   output matrix tied to the embedding: llama.cpp loads the tie as a separate, repackable
+    ///   copy (TENSOR_DUPLICATED), while the embedding itself (read by GET_ROWS) is not.
+    /// - A tiled type (a K-quant) otherwise takes the tiled kernel over at least 8 activation
     ///   rows (`ggml_tiled_min_batch`).
     /// - Everything else goes row by row through vec_dot.
     pub fn of(w: GgmlType, rows: usize, act_rows: usize) -> DotOrder {
