@@ -1,17 +1,19 @@
 //! Single-core throughput of the mat-vec kernels over matrices larger than any cache, in GB/s of
-//! weights read: the Gemma 3 270M LM head (262144 × 640 Q8_0, 178 MB) and rows of the other
-//! decode-path types at a similar size. Decode is bandwidth-bound, so compare with the machine's
+//! weights read: every weight type of the format table, each a matrix the size of the Gemma 3
+//! 270M LM head (262144 × 640 Q8_0, 178 MB), by default with rows of 2048 values (the model's FFN
+//! width; a whole number of blocks of every type) or as given: `q8_0:640` benches Q8_0 rows of 640
+//! values (the LM head itself). Decode is bandwidth-bound, so compare with the machine's
 //! single-core read bandwidth (about 11 GB/s on the target VM kind).
 //!
 //! Other processes on a shared machine stretch the wall-clock time, so the kernel's own rate is
 //! also given per second of this thread's on-CPU time (`/proc/thread-self/schedstat`).
 //!
-//! `cargo run -p llm-server --release --example kernel_bench`
+//! `cargo run -p llm-server --release --example kernel_bench [-- TYPE:N ...]`
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use llm_server::quant::{quantize_row, vec_dot, vec_dot_type, DotOrder, GgmlType};
+use llm_server::quant::{quantize_row_for, random_row, vec_dot, vec_dot_type, DotOrder, GgmlType};
 
 /// Bytes of the weight matrix per case: the size of the Q8_0 LM head.
 const MATRIX_BYTES: usize = 262_144 * 680;
@@ -26,31 +28,6 @@ fn next(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Byte offsets of each block's f16 scales, set to small normal values so that no NaN or
-/// subnormal arithmetic (slow on some CPUs) distorts the timing.
-fn scale_offsets(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        _ => &[0],
-    }
-}
-
-fn random_matrix(ty: GgmlType, n: usize, rows: usize, seed: &mut u64) -> Vec<u8> {
-    let mut m = vec![0u8; rows * ty.row_bytes(n).unwrap()];
-    for chunk in m.chunks_mut(8) {
-        let r = next(seed).to_le_bytes();
-        chunk.copy_from_slice(&r[..chunk.len()]);
-    }
-    let small = half::f16::from_f32(0.01).to_le_bytes();
-    for block in m.chunks_exact_mut(ty.block_bytes()) {
-        for &off in scale_offsets(ty) {
-            block[off..off + 2].copy_from_slice(&small);
-        }
-    }
-    m
-}
-
 /// Nanoseconds this thread has run on a CPU (first field of its schedstat).
 fn on_cpu() -> Duration {
     let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
@@ -62,16 +39,17 @@ fn on_cpu() -> Duration {
     Duration::from_nanos(ns)
 }
 
-fn bench(ty: GgmlType, n: usize, label: &str, seed: &mut u64) {
+fn bench(ty: GgmlType, n: usize, seed: &mut u64) {
     let row_bytes = ty.row_bytes(n).unwrap();
     let rows = MATRIX_BYTES / row_bytes;
-    let matrix = random_matrix(ty, n, rows, seed);
+    // Small scales keep NaN and subnormal arithmetic (slow on some CPUs) out of the timing.
+    let matrix = random_row(ty, n * rows, 0.01, &mut || next(seed));
     let x: Vec<f32> = (0..n)
         .map(|_| (next(seed) >> 40) as f32 / (1 << 23) as f32 - 1.0)
         .collect();
     let act_ty = vec_dot_type(ty);
     let mut act = vec![0u8; act_ty.row_bytes(n).unwrap()];
-    quantize_row(act_ty, &x, &mut act);
+    quantize_row_for(ty, &x, &mut act);
     let mut out = vec![0f32; rows];
 
     let (mut wall, mut cpu) = (Duration::MAX, Duration::MAX);
@@ -86,7 +64,7 @@ fn bench(ty: GgmlType, n: usize, label: &str, seed: &mut u64) {
     }
     let gbs = |t: Duration| matrix.len() as f64 / t.as_secs_f64() / 1e9;
     println!(
-        "{label:<24} {:>13} {rows:>7} x {n:<4} {:>6.1} MB  wall {:>6.2} ms {:>5.2} GB/s  on-CPU {:>6.2} ms {:>5.2} GB/s {:>5.1} ns/row",
+        "{:>15} {rows:>7} x {n:<4} {:>6.1} MB  wall {:>6.2} ms {:>5.2} GB/s  on-CPU {:>6.2} ms {:>5.2} GB/s {:>5.1} ns/row",
         format!("{ty} x {act_ty}"),
         matrix.len() as f64 / 1e6,
         wall.as_secs_f64() * 1e3,
@@ -98,15 +76,24 @@ fn bench(ty: GgmlType, n: usize, label: &str, seed: &mut u64) {
 }
 
 fn main() {
+    let cases: Vec<(GgmlType, usize)> = std::env::args()
+        .skip(1)
+        .map(|arg| {
+            let parsed = arg.split_once(':').and_then(|(name, n)| {
+                let ty = GgmlType::SUPPORTED.into_iter().find(|t| t.name() == name)?;
+                Some((ty, n.parse().ok()?)).filter(|&(ty, n)| ty.row_bytes(n).is_some())
+            });
+            parsed.unwrap_or_else(|| panic!("{arg}: expected TYPE:N, N a whole number of blocks"))
+        })
+        .collect();
+    let cases = if cases.is_empty() {
+        GgmlType::SUPPORTED.map(|ty| (ty, 2048)).to_vec()
+    } else {
+        cases
+    };
     let mut seed = 0x5eed;
     println!("best of {PASSES} single-threaded passes over each matrix");
-    bench(GgmlType::Q8_0, 640, "LM head (Gemma 3 270M)", &mut seed);
-    bench(GgmlType::Q5_0, 640, "q/k/gate/up rows", &mut seed);
-    bench(GgmlType::Q4_K, 1024, "attn_output rows", &mut seed);
-    bench(GgmlType::Q6_K, 2048, "ffn_down rows", &mut seed);
-    bench(GgmlType::Q4_0, 640, "", &mut seed);
-    bench(GgmlType::IQ4_NL, 1152, "", &mut seed);
-    bench(GgmlType::Q5_K, 2048, "", &mut seed);
-    bench(GgmlType::IQ4_XS, 2048, "", &mut seed);
-    bench(GgmlType::F16, 640, "", &mut seed);
+    for (ty, n) in cases {
+        bench(ty, n, &mut seed);
+    }
 }

@@ -15,6 +15,7 @@ const FILES: &[&str] = &[
     "synth-llama-bf16.gguf",
     "synth-llama-q8_0.gguf",
     "synth-llama-q4_0.gguf",
+    "synth-llama-q4_1.gguf",
     "synth-llama-q5_0.gguf",
     "synth-llama-q4_k_m.gguf",
     "synth-llama-q5_k_m.gguf",

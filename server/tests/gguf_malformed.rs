@@ -113,7 +113,7 @@ mod vt {
 const F32: u32 = 0;
 const BF16: u32 = 30;
 const Q4_0: u32 = 2;
-const Q4_1: u32 = 3;
+const Q5_1: u32 = 7;
 const Q8_0: u32 = 8;
 const Q4_K: u32 = 12;
 
@@ -852,19 +852,19 @@ fn misaligned_offset_is_named() {
 
 #[test]
 fn unsupported_tensor_types_list_the_supported_ones() {
-    let e = one_tensor(Q4_1, &[32]);
+    let e = one_tensor(Q5_1, &[32]);
     assert!(
         matches!(
             e,
             GgufError::UnsupportedType {
-                id: 3,
-                name: Some("q4_1"),
+                id: 7,
+                name: Some("q5_1"),
                 ..
             }
         ),
         "{e}"
     );
-    assert_says(&e, &["`w`", "q4_1", "ggml id 3", "re-quantize"]);
+    assert_says(&e, &["`w`", "q5_1", "ggml id 7", "re-quantize"]);
     for t in GgmlType::SUPPORTED {
         assert_says(&e, &[t.name()]);
     }

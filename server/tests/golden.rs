@@ -216,6 +216,7 @@ synth_tests! {
     llama_bf16 => "synth-llama-bf16";
     llama_q8_0 => "synth-llama-q8_0";
     llama_q4_0 => "synth-llama-q4_0";
+    llama_q4_1 => "synth-llama-q4_1";
     llama_q5_0 => "synth-llama-q5_0";
     llama_q4_k_m => "synth-llama-q4_k_m";
     llama_q5_k_m => "synth-llama-q5_k_m";

@@ -2,29 +2,15 @@
 //! then output rows are spread over the pool; each weight row is read once per batch.
 
 use super::weights::Mat;
-use crate::quant::{dot_rows, dot_rows_x4, quantize_row, vec_dot_type, DotOrder, GgmlType};
+use crate::quant::{dot_rows, dot_rows_x4, quantize_row_for, vec_dot_type, DotOrder, GgmlType};
 use crate::threads::Pool;
 
-/// Activation formats, each with its own buffer so one input can feed weights of several types.
-const ACT_TYPES: [GgmlType; 5] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q8_K,
-];
-
-fn slot(ty: GgmlType) -> usize {
-    ACT_TYPES
-        .iter()
-        .position(|&t| t == ty)
-        .expect("vec_dot_type returns an activation format")
-}
-
-/// Quantised copies of the current input, one per activation format, allocated once.
+/// Quantised copies of the current input, one per activation format of the type table (a matmul's
+/// weights take [`vec_dot_type`]), so one input can feed weights of several types. Allocated
+/// once: the formats no matrix uses get no buffer.
 pub struct Acts {
-    bufs: [Vec<u8>; 5],
-    valid: [bool; 5],
+    bufs: [Vec<u8>; GgmlType::ALL.len()],
+    valid: [bool; GgmlType::ALL.len()],
 }
 
 impl Acts {
@@ -32,7 +18,7 @@ impl Acts {
     pub fn new<'a>(mats: impl Iterator<Item = &'a Mat>, n_tokens: usize) -> Acts {
         Acts {
             bufs: sizes(mats, n_tokens).map(|n| vec![0u8; n]),
-            valid: [false; 5],
+            valid: [false; GgmlType::ALL.len()],
         }
     }
 
@@ -43,21 +29,20 @@ impl Acts {
 
     /// Marks the buffers stale: the next [`Acts::get`] quantises the new input.
     pub fn invalidate(&mut self) {
-        self.valid = [false; 5];
+        self.valid = [false; GgmlType::ALL.len()];
     }
 
     /// `x` (n rows of `cols`) in the dot format of weights of type `w`.
     pub fn get(&mut self, w: GgmlType, x: &[f32], n: usize, cols: usize) -> &[u8] {
-        let act = vec_dot_type(w);
-        let s = slot(act);
-        let row = act.row_bytes(cols).expect("matrix widths are whole blocks");
+        let s = vec_dot_type(w) as usize;
+        let row = act_row_bytes(w, cols);
         let buf = &mut self.bufs[s][..row * n];
         if !self.valid[s] {
             for (xr, out) in x[..n * cols]
                 .chunks_exact(cols)
                 .zip(buf.chunks_exact_mut(row))
             {
-                quantize_row(act, xr, out);
+                quantize_row_for(w, xr, out);
             }
             self.valid[s] = true;
         }
@@ -65,14 +50,18 @@ impl Acts {
     }
 }
 
-fn sizes<'a>(mats: impl Iterator<Item = &'a Mat>, n_tokens: usize) -> [usize; 5] {
-    let mut sizes = [0usize; 5];
+/// Bytes of one activation row of `cols` values for weights of type `w`.
+fn act_row_bytes(w: GgmlType, cols: usize) -> usize {
+    vec_dot_type(w)
+        .row_bytes(cols)
+        .expect("matrix widths are whole blocks")
+}
+
+fn sizes<'a>(mats: impl Iterator<Item = &'a Mat>, n_tokens: usize) -> [usize; GgmlType::ALL.len()] {
+    let mut sizes = [0usize; GgmlType::ALL.len()];
     for m in mats {
-        let act = vec_dot_type(m.ty);
-        let row = act
-            .row_bytes(m.cols)
-            .expect("matrix widths are whole blocks");
-        sizes[slot(act)] = sizes[slot(act)].max(row * n_tokens);
+        let s = &mut sizes[vec_dot_type(m.ty) as usize];
+        *s = (*s).max(act_row_bytes(m.ty, m.cols) * n_tokens);
     }
     sizes
 }

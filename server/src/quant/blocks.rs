@@ -1,7 +1,8 @@
-//! Block layouts of ggml's quantised formats (`ggml/src/ggml-common.h`), as `#[repr(C)]` structs
-//! made only of byte arrays.
+//! What block layouts share: the [`Block`] trait and the `block!` macro that declares one (each
+//! format's file declares its own, as in `ggml/src/ggml-common.h`), zero-copy views of rows as
+//! blocks, and the decoders several formats use.
 //!
-//! Every field is a byte array, so every block has alignment 1: a tensor row at any address in the
+//! Blocks are `#[repr(C)]` structs made only of byte arrays. Every field is a byte array, so every block has alignment 1: a tensor row at any address in the
 //! memory-mapped file (GGUF only aligns tensors, not rows) can be viewed as a slice of blocks
 //! without copying. Multi-byte fields are little-endian; the accessors decode them.
 
@@ -9,7 +10,7 @@ use half::{bf16, f16};
 
 /// Values in a K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
-/// Values in a Q4_0/Q5_0/Q8_0/IQ4_NL block.
+/// Values in a Q4_0/Q5_0/Q8_0/IQ4_NL block (`QK4_0`, `QK8_0`, ...).
 pub const QK: usize = 32;
 
 /// The non-uniform 4-bit grid of IQ4_NL and IQ4_XS (`kvalues_iq4nl` in ggml-common.h).
@@ -64,6 +65,8 @@ pub fn bf16_to_f32(bits: [u8; 2]) -> f32 {
     bf16::from_le_bytes(bits).to_f32()
 }
 
+/// Declares a block struct of byte-array fields and checks at compile time that it has ggml's
+/// size (`sizeof(block_*)`) and alignment 1.
 macro_rules! block {
     ($(#[$doc:meta])* $name:ident, bytes $bytes:expr, { $($field:ident: $ty:ty),* $(,)? }) => {
         $(#[$doc])*
@@ -72,74 +75,10 @@ macro_rules! block {
         pub struct $name { $(pub $field: $ty),* }
         const _: () = assert!(size_of::<$name>() == $bytes && align_of::<$name>() == 1);
         // SAFETY: byte arrays only, checked above to have no padding and alignment 1.
-        unsafe impl Block for $name {}
+        unsafe impl $crate::quant::blocks::Block for $name {}
     };
 }
-
-block!(
-    /// `d: f16; qs: [u8; 16]`: value j is `(qs[j] & 15) - 8`, value j+16 is `(qs[j] >> 4) - 8`.
-    BlockQ4_0, bytes 18, { d: [u8; 2], qs: [u8; 16] }
-);
-block!(
-    /// Q4_0's nibbles plus a fifth bit per value in `qh` (a little-endian u32, bit i for value i);
-    /// values are `q - 16`.
-    BlockQ5_0, bytes 22, { d: [u8; 2], qh: [u8; 4], qs: [u8; 16] }
-);
-block!(
-    /// `d: f16; qs: [i8; 32]`; also the activation format for 32-blocks.
-    BlockQ8_0, bytes 34, { d: [u8; 2], qs: [i8; 32] }
-);
-block!(
-    /// Q4_0's nibble order, each nibble indexing [`KVALUES_IQ4NL`].
-    BlockIq4Nl, bytes 18, { d: [u8; 2], qs: [u8; 16] }
-);
-block!(
-    /// Eight sub-blocks of 32 with 6-bit scales and mins packed in `scales` (see
-    /// [`scales_mins_k4`]); each 64 values use 32 bytes of `qs`, low nibbles first.
-    BlockQ4K, bytes 144, { d: [u8; 2], dmin: [u8; 2], scales: [u8; 12], qs: [u8; 128] }
-);
-block!(
-    /// Q4_K plus a fifth bit per value: chunk c (64 values) takes bit 2c of `qh[l]` for value l
-    /// and bit 2c+1 for value 32+l.
-    BlockQ5K, bytes 176,
-    { d: [u8; 2], dmin: [u8; 2], scales: [u8; 12], qh: [u8; 32], qs: [u8; 128] }
-);
-block!(
-    /// Sixteen sub-blocks of 16 with signed 8-bit scales; 6-bit quants offset by 32; `d` last.
-    BlockQ6K, bytes 210, { ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: [u8; 2] }
-);
-block!(
-    /// Eight sub-blocks of 32 with 6-bit scales (low 4 bits in `scales_l`, high 2 in the
-    /// little-endian u16 `scales_h`), offset by 32; nibbles as in IQ4_NL.
-    BlockIq4Xs, bytes 136,
-    { d: [u8; 2], scales_h: [u8; 2], scales_l: [u8; 4], qs: [u8; 128] }
-);
-block!(
-    /// Activation format for K-quants: f32 `d`, and `bsums[k]` (i16) = sum of `qs[16k..16k+16]`.
-    BlockQ8K, bytes 292, { d: [u8; 4], qs: [i8; 256], bsums: [u8; 32] }
-);
-
-impl BlockQ8K {
-    #[inline(always)]
-    pub fn d(&self) -> f32 {
-        f32::from_le_bytes(self.d)
-    }
-
-    #[inline(always)]
-    pub fn bsum(&self, k: usize) -> i32 {
-        i16::from_le_bytes([self.bsums[2 * k], self.bsums[2 * k + 1]]) as i32
-    }
-}
-
-impl BlockIq4Xs {
-    /// The signed scale (`ls - 32`) of sub-block `ib` (0..8).
-    #[inline(always)]
-    pub fn scale(&self, ib: usize) -> i32 {
-        let low = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
-        let high = (u16::from_le_bytes(self.scales_h) >> (2 * ib)) & 3;
-        (low as i32 | (high as i32) << 4) - 32
-    }
-}
+pub(crate) use block;
 
 /// Unpacks the twelve Q4_K/Q5_K scale bytes into 8 six-bit scales followed by 8 six-bit mins.
 ///
@@ -195,11 +134,13 @@ mod tests {
         }
     }
 
+    block!(Pair, bytes 2, { v: [u8; 2] });
+
     #[test]
     fn views_reject_partial_blocks() {
         let bytes = [0u8; 68];
-        assert_eq!(blocks::<BlockQ8_0>(&bytes).len(), 2);
-        let caught = std::panic::catch_unwind(|| blocks::<BlockQ8_0>(&bytes[..67]).len());
+        assert_eq!(blocks::<Pair>(&bytes).len(), 34);
+        let caught = std::panic::catch_unwind(|| blocks::<Pair>(&bytes[..67]).len());
         assert!(caught.is_err());
     }
 }

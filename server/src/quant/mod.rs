@@ -1,44 +1,92 @@
-//! Tensor types and their kernels: a scalar reference per type (the definition tests hold the
-//! SIMD kernels to) and AVX2/FMA kernels that do llama.cpp's arithmetic.
+//! Tensor types and their kernels, as ggml's type-traits table in Rust's idiom: one row of the
+//! `formats!` table below per type, one file per format under `formats/` holding its block, its
+//! scalar reference (the definition tests hold the SIMD kernels to) and its AVX2/FMA kernels,
+//! which do llama.cpp's arithmetic in llama.cpp's float orders.
 //!
 //! Matmuls never dequantise weights: the activation row is quantised once per matmul into the
 //! weight type's [`vec_dot_type`] (Q8_0 or Q8_K, as llama.cpp does) and dotted in integers.
+//!
+//! # Adding a format
+//! Add one row to the table and one file, `formats/<module>.rs`, that declares the block with
+//! `block!` and implements [`Format`](format::Format) for it and, for a weight,
+//! [`Weight`](format::Weight) (the scalar reference) and [`Kernels`](format::Kernels) (the AVX2
+//! dots, inside `avx2! { .. }`); a new activation format implements
+//! [`Activation`](format::Activation). The row generates the rest: the enum variant, id and
+//! name, sizes, `SUPPORTED`, the activation buffer in the matmul, the dispatch of every function
+//! here, and the format's place in the property tests and the kernel bench, which walk the table.
+//! None of the traits' items has a default, so a format lacking a kernel, a reference or a
+//! quantiser does not compile, rather than falling back silently. (A type ggml has that we did
+//! not implement is also named in `types.rs` for error messages; a test fails while a row
+//! still is.) Q4_1 and Q8_1 were added this way.
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-))]
-mod avx2;
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-))]
-mod avx2_repacked;
+/// Items compiled only for x86-64-v3 (AVX2, FMA, F16C: the workspace's target); elsewhere the
+/// scalar references stand in for the kernels.
+macro_rules! avx2 {
+    ($($item:item)*) => {
+        $(
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma",
+                target_feature = "f16c"
+            ))]
+            $item
+        )*
+    };
+}
+
+#[macro_use]
+mod table;
 mod blocks;
-mod quantize;
-pub mod reference;
+mod format;
+mod scalar;
+avx2! {
+    mod simd;
+}
+
+use blocks::{blocks, blocks_mut};
+use format::{ActBlock, Format, Kernels, Weight, WeightRow};
+
+formats! {
+    // Model tensor types. `orders`: llama.cpp's float orders for the type besides vec_dot
+    // (see `DotOrder::of`).
+    weights {
+        // type  ggml id name      format (formats/*.rs) activations  orders
+        F32    =  0,  "f32",     f32::F32,        f32::F32,     [];
+        F16    =  1,  "f16",     f16::F16,        f16::F16,     [];
+        BF16   = 30,  "bf16",    bf16::Bf16,      bf16::Bf16,   [];
+        Q4_0   =  2,  "q4_0",    q4_0::Q4_0,      q8_0::Q8_0,   [Repacked];
+        Q4_1   =  3,  "q4_1",    q4_1::Q4_1,      q8_1::Q8_1,   [];
+        Q5_0   =  6,  "q5_0",    q5_0::Q5_0,      q8_0::Q8_0,   [];
+        Q8_0   =  8,  "q8_0",    q8_0::Q8_0,      q8_0::Q8_0,   [];
+        Q4_K   = 12,  "q4_K",    q4_k::Q4K,       q8_k::Q8K,    [Repacked, Tiled];
+        Q5_K   = 13,  "q5_K",    q5_k::Q5K,       q8_k::Q8K,    [Tiled];
+        Q6_K   = 14,  "q6_K",    q6_k::Q6K,       q8_k::Q8K,    [Tiled];
+        IQ4_NL = 20,  "iq4_nl",  iq4_nl::Iq4Nl,   q8_0::Q8_0,   [Repacked];
+        IQ4_XS = 23,  "iq4_xs",  iq4_xs::Iq4Xs,   q8_k::Q8K,    [Tiled];
+    }
+    // Formats only activations are quantised into.
+    activations {
+        Q8_1   =  9,  "q8_1",    q8_1::Q8_1;
+        Q8_K   = 15,  "q8_K",    q8_k::Q8K;
+    }
+}
+
+mod random;
 #[cfg(test)]
 mod tests;
 mod types;
 
-pub use types::GgmlType;
+pub use random::random_row;
 
 /// The format activations are converted to before they are dotted with weights of type `w`
 /// (ggml's `type_traits_cpu[w].vec_dot_type`).
 pub fn vec_dot_type(w: GgmlType) -> GgmlType {
-    match w {
-        GgmlType::F32 => GgmlType::F32,
-        GgmlType::F16 => GgmlType::F16,
-        GgmlType::BF16 => GgmlType::BF16,
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => GgmlType::Q8_0,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS | GgmlType::Q8_K => {
-            GgmlType::Q8_K
-        }
-    }
+    with_weight!(w, W => act_type::<W>())
+}
+
+fn act_type<W: WeightRow>() -> GgmlType {
+    <W::Act as format::Row>::TYPE
 }
 
 /// Which of llama.cpp's kernel families computes a matmul's products. They sum in different
@@ -52,61 +100,72 @@ pub enum DotOrder {
     /// by `d_a`, super-block after super-block.
     Tiled,
     /// The CPU_REPACK buffer's `ggml_gemv_*_8x8` (single activation rows) and `ggml_gemm_*_8x8`
-    /// (groups of 4) kernels; see `avx2_repacked`.
+    /// (groups of 4) kernels (ggml/src/ggml-cpu/arch/x86/repack.cpp). llama.cpp interleaves 8
+    /// rows so one kernel computes 8 outputs per pass, each as one scalar FMA chain over the
+    /// blocks, with no 8-lane accumulator and horizontal sum. Parity needs that order; it does
+    /// not need the interleaved copy (the integer block sums are exact in any order), so the
+    /// weights stay zero-copy and each output is computed from its own row.
+    ///
+    /// The activations need no special care: the 4-row quantisers those kernels read
+    /// (`ggml_quantize_mat_q8_0_4x8`, `ggml_quantize_mat_q8_K_4x8`) produce the same d and quants
+    /// as the row quantisers (Q8_K may flip the sign of both d and the quants when +max and -max
+    /// tie, which leaves every product unchanged), and bsums are plain sums.
     Repacked,
 }
 
 impl DotOrder {
     /// The family llama.cpp on AVX2 uses for a `w` matrix of `rows` outputs multiplied by
-    /// `act_rows` activation rows at once:
-    /// - Q4_0, Q4_K and IQ4_NL matrices whose rows come in whole groups of 8 are repacked
+    /// `act_rows` activation rows at once, among the orders `w`'s row of the table lists:
+    /// - A repacked type is repacked when its rows come in whole groups of 8
     ///   (`ggml_repack_get_optimal_repack_type`, ggml/src/ggml-cpu/repack.cpp). That includes an
     ///   output matrix tied to the embedding: llama.cpp loads the tie as a separate, repackable
     ///   copy (TENSOR_DUPLICATED), while the embedding itself (read by GET_ROWS) is not.
-    /// - Other K-quant matmuls over at least 8 activation rows take the tiled kernel
-    ///   (`ggml_tiled_min_batch`).
+    /// - A tiled type (a K-quant) otherwise takes the tiled kernel over at least 8 activation
+    ///   rows (`ggml_tiled_min_batch`).
     /// - Everything else goes row by row through vec_dot.
     pub fn of(w: GgmlType, rows: usize, act_rows: usize) -> DotOrder {
-        match w {
-            GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::IQ4_NL if rows % 8 == 0 => {
-                DotOrder::Repacked
-            }
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
-                if act_rows >= 8 =>
-            {
-                DotOrder::Tiled
-            }
-            _ => DotOrder::VecDot,
+        let orders = with_weight!(w, W => <W as WeightRow>::ORDERS);
+        if orders.contains(&DotOrder::Repacked) && rows % 8 == 0 {
+            DotOrder::Repacked
+        } else if orders.contains(&DotOrder::Tiled) && act_rows >= 8 {
+            DotOrder::Tiled
+        } else {
+            DotOrder::VecDot
         }
     }
 }
 
-/// Converts `x` into `ty` (one of F32, F16, BF16, Q8_0, Q8_K) in `out`, which must hold exactly
-/// `ty.row_bytes(x.len())` bytes. Bit-identical to llama.cpp's x86 AVX2 quantisers.
+/// Converts `x` into the activation format of weights of type `w` ([`vec_dot_type`]) in `out`,
+/// which must hold exactly that format's bytes for `x.len()` values. Bit-identical to llama.cpp's
+/// x86 AVX2 quantisers.
 ///
-/// Panics when `out` has the wrong length or `ty` is a weight-only type: both are bugs in the
-/// caller, which sizes its scratch buffers from the model's validated shapes.
-pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) {
-    check_row_len("quantize_row", ty, x.len(), out.len());
-    match ty {
-        GgmlType::F32 => quantize::f32_row(x, out),
-        GgmlType::F16 => quantize::f16_row(x, out),
-        GgmlType::BF16 => quantize::bf16_row(x, out),
-        GgmlType::Q8_0 => quantize::q8_0(x, blocks::blocks_mut(out)),
-        GgmlType::Q8_K => quantize::q8_k(x, blocks::blocks_mut(out)),
-        _ => panic!("quantize_row: {ty} is a weight format, not an activation format"),
-    }
+/// Panics when `out` has the wrong length: a bug in the caller, which sizes its scratch buffers
+/// from the model's validated shapes.
+pub fn quantize_row_for(w: GgmlType, x: &[f32], out: &mut [u8]) {
+    check_row_len("quantize_row_for", vec_dot_type(w), x.len(), out.len());
+    with_weight!(w, W => quantize_act::<W>(x, out))
+}
+
+fn quantize_act<W: WeightRow>(x: &[f32], out: &mut [u8]) {
+    <W::Act as format::Activation>::quantize(x, blocks_mut(out));
 }
 
 /// Dot product of one weight row of type `w` (n values) with an activation row already in
-/// `vec_dot_type(w)`, in the float order `order`. Uses the AVX2 kernel.
+/// `vec_dot_type(w)`, in the float order `order`. Uses the SIMD kernel.
 ///
 /// Panics when either row does not hold exactly `n` values (a caller bug).
 #[inline]
 pub fn vec_dot(w: GgmlType, order: DotOrder, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
     check_row_len("vec_dot (weights)", w, n, w_row.len());
     check_row_len("vec_dot (activations)", vec_dot_type(w), n, act.len());
-    simd_dot(w, order, w_row, act)
+    with_weight!(w, W => W::dot(blocks(w_row), blocks(act), order))
+}
+
+/// [`vec_dot`] by the scalar reference (the definition; one float order).
+pub fn vec_dot_ref(w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
+    check_row_len("vec_dot_ref (weights)", w, n, w_row.len());
+    check_row_len("vec_dot_ref (activations)", vec_dot_type(w), n, act.len());
+    with_weight!(w, W => W::dot_ref(blocks(w_row), blocks(act)))
 }
 
 /// Dots each of the consecutive weight rows in `rows` (type `w`, `n` values each) with one
@@ -124,14 +183,29 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
         );
     };
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
-    // `simd_dot` is inlined, so its match is resolved outside this loop.
+    // One loop per order, so the kernel's choice of order is made outside it.
+    with_weight!(w, W => match order {
+        DotOrder::VecDot => rows_of::<W>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
+        DotOrder::Tiled => rows_of::<W>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
+        DotOrder::Repacked => rows_of::<W>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
+    })
+}
+
+#[inline(always)]
+fn rows_of<W: Kernels>(
+    order: DotOrder,
+    row_bytes: usize,
+    rows: &[u8],
+    act: &[ActBlock<W>],
+    out: &mut [f32],
+) {
     for (i, (row, o)) in rows.chunks_exact(row_bytes).zip(out.iter_mut()).enumerate() {
         if let Some(ahead) =
             rows.get((i + PREFETCH_ROWS) * row_bytes..(i + PREFETCH_ROWS + 1) * row_bytes)
         {
             prefetch(ahead);
         }
-        *o = simd_dot(w, order, row, act);
+        *o = W::dot(blocks(row), act, order);
     }
 }
 
@@ -155,10 +229,11 @@ fn prefetch(bytes: &[u8]) {
     let _ = bytes;
 }
 
-/// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`. Types with a
-/// four-row kernel (the weight unpacking is shared) use it; the rest loop. In the vec_dot order
-/// results are bit-identical to four [`dot_rows`] calls; repacked, they follow llama.cpp's gemm,
-/// which for Q4_K sums in another order than its gemv.
+/// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`, by the
+/// format's four-row kernel ([`Kernels::dot_x4`]; where it has one the weight unpacking is
+/// shared). In the vec_dot and tiled orders results are bit-identical to four [`dot_rows`]
+/// calls; repacked, they follow llama.cpp's gemm, which for Q4_K sums in another order than its
+/// gemv.
 pub fn dot_rows_x4(
     w: GgmlType,
     order: DotOrder,
@@ -167,53 +242,38 @@ pub fn dot_rows_x4(
     acts: [&[u8]; 4],
     outs: [&mut [f32]; 4],
 ) {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    {
-        type Kernel = fn(&[u8], [&[u8]; 4]) -> [f32; 4];
-        use blocks::blocks as b;
-        let kernel: Option<Kernel> = match (order, w) {
-            (DotOrder::Repacked, GgmlType::Q4_0) => {
-                Some(|r, a| avx2_repacked::q4_0_q8_0_x4(b(r), a.map(b)))
-            }
-            (DotOrder::Repacked, GgmlType::IQ4_NL) => {
-                Some(|r, a| avx2_repacked::iq4_nl_q8_0_x4(b(r), a.map(b)))
-            }
-            (DotOrder::Repacked, GgmlType::Q4_K) => {
-                Some(|r, a| avx2_repacked::q4_k_q8_k_x4(b(r), a.map(b)))
-            }
-            (_, GgmlType::Q8_0) => Some(|r, a| avx2::q8_0_q8_0_x4(b(r), a.map(b))),
-            (_, GgmlType::Q4_0) => Some(|r, a| avx2::q4_0_q8_0_x4(b(r), a.map(b))),
-            (_, GgmlType::Q5_0) => Some(|r, a| avx2::q5_0_q8_0_x4(b(r), a.map(b))),
-            _ => None,
-        };
-        if let Some(kernel) = kernel {
-            let row_bytes = w
-                .row_bytes(n)
-                .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
-            let Some(row_bytes) = row_bytes else {
-                panic!(
-                    "dot_rows_x4: {} bytes are not {} {w} rows of {n} values",
-                    rows.len(),
-                    outs[0].len()
-                );
-            };
-            for a in acts {
-                check_row_len("dot_rows_x4 (activations)", vec_dot_type(w), n, a.len());
-            }
-            let [o0, o1, o2, o3] = outs;
-            for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
-                [o0[i], o1[i], o2[i], o3[i]] = kernel(row, acts);
-            }
-            return;
-        }
+    let row_bytes = w
+        .row_bytes(n)
+        .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
+    let Some(row_bytes) = row_bytes else {
+        panic!(
+            "dot_rows_x4: {} bytes are not {} {w} rows of {n} values",
+            rows.len(),
+            outs[0].len()
+        );
+    };
+    for a in acts {
+        check_row_len("dot_rows_x4 (activations)", vec_dot_type(w), n, a.len());
     }
-    for (a, o) in acts.into_iter().zip(outs) {
-        dot_rows(w, order, n, rows, a, o);
+    with_weight!(w, W => match order {
+        DotOrder::VecDot => rows_x4_of::<W>(DotOrder::VecDot, row_bytes, rows, acts, outs),
+        DotOrder::Tiled => rows_x4_of::<W>(DotOrder::Tiled, row_bytes, rows, acts, outs),
+        DotOrder::Repacked => rows_x4_of::<W>(DotOrder::Repacked, row_bytes, rows, acts, outs),
+    })
+}
+
+#[inline(always)]
+fn rows_x4_of<W: Kernels>(
+    order: DotOrder,
+    row_bytes: usize,
+    rows: &[u8],
+    acts: [&[u8]; 4],
+    outs: [&mut [f32]; 4],
+) {
+    let acts = acts.map(blocks::<ActBlock<W>>);
+    let [o0, o1, o2, o3] = outs;
+    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+        [o0[i], o1[i], o2[i], o3[i]] = W::dot_x4(blocks(row), acts, order);
     }
 }
 
@@ -222,7 +282,16 @@ pub fn dot_rows_x4(
 /// Panics when `row` does not hold exactly `out.len()` values (a caller bug).
 pub fn dequantize_row(ty: GgmlType, row: &[u8], out: &mut [f32]) {
     check_row_len("dequantize_row", ty, out.len(), row.len());
-    reference::dequantize(ty, row, out);
+    with_format!(ty, F => dequantize_blocks::<F>(row, out))
+}
+
+fn dequantize_blocks<F: Format>(row: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks::<F::Block>(row)
+        .iter()
+        .zip(out.chunks_exact_mut(F::LEN))
+    {
+        F::dequantize(b, y);
+    }
 }
 
 #[inline(always)]
@@ -233,48 +302,4 @@ fn check_row_len(what: &str, ty: GgmlType, n: usize, bytes: usize) {
         ty.block_len(),
         ty.block_bytes(),
     );
-}
-
-/// The SIMD kernel for `w` in the float order `order`, rows already checked: the repacked
-/// kernel where `order` asks for one, else vec_dot's (which also does the tiled order). Compiled
-/// for x86-64-v3 (the workspace's target); elsewhere the scalar reference stands in.
-#[inline(always)]
-fn simd_dot(w: GgmlType, order: DotOrder, w_row: &[u8], act: &[u8]) -> f32 {
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    {
-        use blocks::blocks as b;
-        match (order, w) {
-            (DotOrder::Repacked, GgmlType::Q4_0) => avx2_repacked::q4_0_q8_0(b(w_row), b(act)),
-            (DotOrder::Repacked, GgmlType::IQ4_NL) => avx2_repacked::iq4_nl_q8_0(b(w_row), b(act)),
-            (DotOrder::Repacked, GgmlType::Q4_K) => avx2_repacked::q4_k_q8_k(b(w_row), b(act)),
-            (_, GgmlType::F32) => avx2::f32_f32(w_row, act),
-            (_, GgmlType::F16) => avx2::f16_f16(w_row, act),
-            (_, GgmlType::BF16) => avx2::bf16_bf16(w_row, act),
-            (_, GgmlType::Q8_0) => avx2::q8_0_q8_0(b(w_row), b(act)),
-            (_, GgmlType::Q4_0) => avx2::q4_0_q8_0(b(w_row), b(act)),
-            (_, GgmlType::Q5_0) => avx2::q5_0_q8_0(b(w_row), b(act)),
-            (_, GgmlType::IQ4_NL) => avx2::iq4_nl_q8_0(b(w_row), b(act)),
-            (_, GgmlType::Q4_K) => avx2::q4_k_q8_k(b(w_row), b(act), order),
-            (_, GgmlType::Q5_K) => avx2::q5_k_q8_k(b(w_row), b(act), order),
-            (_, GgmlType::Q6_K) => avx2::q6_k_q8_k(b(w_row), b(act), order),
-            (_, GgmlType::IQ4_XS) => avx2::iq4_xs_q8_k(b(w_row), b(act), order),
-            // Activation-only format: never a weight of a model we load.
-            (_, GgmlType::Q8_K) => reference::vec_dot(w, w_row, act),
-        }
-    }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    )))]
-    {
-        let _ = order; // the reference has one order; only the AVX2 kernels reproduce the others
-        reference::vec_dot(w, w_row, act)
-    }
 }

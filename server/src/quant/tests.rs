@@ -1,15 +1,18 @@
-//! Agreement tests: SIMD kernels against the scalar reference, the reference's integer dot
-//! products against its own dequantisation, and the activation quantisers against llama.cpp's
-//! rounding rules on hand-picked values.
+//! Agreement tests over every row of the format table: SIMD kernels against the scalar
+//! reference, the reference's integer dot products against its own dequantisation, the
+//! activation formats' round trip, and the repacked kernels against a written-out llama.cpp spec.
+//! (Each quantiser's rounding rules on hand-picked values are tested in its format's file.)
 
 use half::f16;
 use proptest::prelude::*;
 
-use super::blocks::{blocks, scales_mins_k4, BlockIq4Nl, BlockQ4K, BlockQ4_0, BlockQ8K, BlockQ8_0};
+use super::blocks::{blocks, scales_mins_k4};
+use super::formats::{iq4_nl::BlockIq4Nl, q4_0::BlockQ4_0, q4_k::BlockQ4K};
+use super::formats::{q8_0::BlockQ8_0, q8_k::BlockQ8K};
 use super::*;
 
-/// Weight types with a SIMD kernel.
-const WEIGHT_TYPES: [GgmlType; 11] = GgmlType::SUPPORTED;
+/// Every weight type of the table.
+const WEIGHT_TYPES: [GgmlType; GgmlType::SUPPORTED.len()] = GgmlType::SUPPORTED;
 
 /// A small deterministic generator (SplitMix64), so proptest only has to shrink a seed.
 struct Rng(u64);
@@ -27,42 +30,22 @@ impl Rng {
     fn unit(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
-
-    fn f16_bytes(&mut self, scale: f32) -> [u8; 2] {
-        f16::from_f32(self.unit() * scale).to_le_bytes()
-    }
 }
 
-/// Byte offsets of the f16 scale fields inside one block of `ty` (random bytes there could be NaN
-/// or infinity, which no real file holds).
-fn scale_offsets(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
-        GgmlType::IQ4_XS => &[0],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_K => &[],
-    }
-}
+/// The largest magnitude of a random weight row's float fields (its scales and offsets).
+const WEIGHT_FLOATS: f32 = 0.05;
 
 /// A random weight row of `n` values: random quant bits and finite scales.
 fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
-    let mut row = vec![0u8; ty.row_bytes(n).unwrap()];
-    match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-            let x: Vec<f32> = (0..n).map(|_| rng.unit() * 4.0).collect();
-            quantize_row(ty, &x, &mut row);
-        }
-        _ => {
-            row.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
-            for block in row.chunks_exact_mut(ty.block_bytes()) {
-                for &off in scale_offsets(ty) {
-                    block[off..off + 2].copy_from_slice(&rng.f16_bytes(0.05));
-                }
-            }
-        }
+    random_row(ty, n, WEIGHT_FLOATS, &mut || rng.next_u64())
+}
+
+/// [`format::Activation::SUM_ROUNDING`] of the activation format of `w`.
+fn sum_rounding(w: GgmlType) -> f64 {
+    fn of<W: WeightRow>() -> f64 {
+        <W::Act as format::Activation>::SUM_ROUNDING
     }
-    row
+    with_weight!(w, W => of::<W>())
 }
 
 /// Random activations with occasional outliers, as real hidden states have.
@@ -72,9 +55,10 @@ fn random_activations(n: usize, rng: &mut Rng) -> Vec<f32> {
         .collect()
 }
 
-fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
-    let mut out = vec![0u8; ty.row_bytes(x.len()).unwrap()];
-    quantize_row(ty, x, &mut out);
+/// `x` in the activation format of weights of type `w`.
+fn quantized(w: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; vec_dot_type(w).row_bytes(x.len()).unwrap()];
+    quantize_row_for(w, x, &mut out);
     out
 }
 
@@ -104,7 +88,7 @@ fn cases(seed: u64, blocks: usize) -> Vec<(GgmlType, usize, Vec<u8>, Vec<u8>)> {
                 blocks * w.block_len()
             };
             let w_row = random_weights(w, n, &mut rng);
-            let act = quantized(vec_dot_type(w), &random_activations(n, &mut rng));
+            let act = quantized(w, &random_activations(n, &mut rng));
             (w, n, w_row, act)
         })
         .collect()
@@ -117,7 +101,7 @@ proptest! {
     #[test]
     fn simd_dot_equals_reference(seed in any::<u64>(), blocks in 1usize..=9) {
         for (w, n, w_row, act) in cases(seed, blocks) {
-            let scalar = reference::vec_dot(w, &w_row, &act);
+            let scalar = vec_dot_ref(w, n, &w_row, &act);
             let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
             for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked] {
                 let simd = vec_dot(w, order, n, &w_row, &act);
@@ -130,15 +114,21 @@ proptest! {
     }
 
     /// The integer arithmetic (mins and offsets via bsums, scales applied to int sums) equals the
-    /// plain dot product of the dequantised rows.
+    /// plain dot product of the dequantised rows; where the activation's block sums are rounded
+    /// (Q8_1's `s`), up to that rounding times the weights' offsets (at most `WEIGHT_FLOATS`).
     #[test]
     fn reference_vec_dot_equals_dot_of_dequantised_rows(seed in any::<u64>(), blocks in 1usize..=3) {
         for (w, n, w_row, act) in cases(seed, blocks) {
             let wd = dequantized(w, &w_row, n);
             let ad = dequantized(vec_dot_type(w), &act, n);
             let exact: f64 = wd.iter().zip(&ad).map(|(a, b)| *a as f64 * *b as f64).sum();
-            let got = reference::vec_dot(w, &w_row, &act) as f64;
-            let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
+            let got = vec_dot_ref(w, n, &w_row, &act) as f64;
+            let block_sums: f64 = ad
+                .chunks(vec_dot_type(w).block_len())
+                .map(|b| b.iter().map(|&a| a as f64).sum::<f64>().abs())
+                .sum();
+            let sums = sum_rounding(w) * WEIGHT_FLOATS as f64 * block_sums;
+            let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6 + sums;
             prop_assert!((got - exact).abs() <= tol, "{w}, n={n}: {got} vs {exact} (tolerance {tol})");
         }
     }
@@ -151,7 +141,7 @@ proptest! {
             let rows: Vec<Vec<u8>> = (0..3).map(|_| random_weights(w, n, &mut rng)).collect();
             let all_rows = rows.concat();
             let acts: Vec<Vec<u8>> =
-                (0..4).map(|_| quantized(vec_dot_type(w), &random_activations(n, &mut rng))).collect();
+                (0..4).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
             for order in [DotOrder::VecDot, DotOrder::Tiled] {
                 let mut single = [0f32; 3];
                 dot_rows(w, order, n, &all_rows, &acts[0], &mut single);
@@ -174,12 +164,12 @@ proptest! {
     #[test]
     fn repacked_kernels_follow_llama_cpp_gemv_and_gemm_bit_for_bit(seed in any::<u64>()) {
         let mut rng = Rng(seed);
-        for w in [GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q4_K] {
+        for w in repacked_types() {
             let n = 512;
             let rows: Vec<Vec<u8>> = (0..3).map(|_| random_weights(w, n, &mut rng)).collect();
             let all_rows = rows.concat();
             let acts: Vec<Vec<u8>> =
-                (0..4).map(|_| quantized(vec_dot_type(w), &random_activations(n, &mut rng))).collect();
+                (0..4).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
             let mut single = [0f32; 3];
             dot_rows(w, DotOrder::Repacked, n, &all_rows, &acts[0], &mut single);
             let mut outs = [[0f32; 3]; 4];
@@ -192,7 +182,7 @@ proptest! {
                 for (k, act) in acts.iter().enumerate() {
                     let gemm = repacked_spec(w, row, act, true);
                     prop_assert_eq!(outs[k][r].to_bits(), gemm.to_bits(), "{} row {} act {}", w, r, k);
-                    let scalar = reference::vec_dot(w, row, act);
+                    let scalar = vec_dot_ref(w, n, row, act);
                     let tol = 1e-5 * abs_product_sum(w, row, act, n) + 1e-6;
                     prop_assert!(((gemm - scalar) as f64).abs() <= tol, "{w}: {gemm} vs reference {scalar}");
                 }
@@ -211,23 +201,27 @@ proptest! {
         }
     }
 
+    /// Every activation format of the table (a weight's `vec_dot_type`) keeps each value within
+    /// half a quantisation step.
     #[test]
     fn activation_formats_round_trip(seed in any::<u64>()) {
         let mut rng = Rng(seed);
         let x = random_activations(512, &mut rng);
-        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q8_K] {
-            let back = dequantized(ty, &quantized(ty, &x), x.len());
+        for w in WEIGHT_TYPES {
+            let ty = vec_dot_type(w);
+            let f16_scale = matches!(with_format!(ty, F => F::FLOATS), [format::Float::F16(_), ..]);
+            let back = dequantized(ty, &quantized(w, &x), x.len());
             let chunk = ty.block_len().max(32);
             for (block, (xs, ys)) in x.chunks(chunk).zip(back.chunks(chunk)).enumerate() {
                 let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (&x, &y) in xs.iter().zip(ys) {
-                    // Half a quantisation step; Q8_0 also carries d's f16 rounding (2^-11
-                    // relative), F16 the absolute step of its subnormals.
+                    // Half a quantisation step; an f16 scale (Q8_0's d) also carries its
+                    // rounding (2^-11 relative), F16 the absolute step of its subnormals.
                     let bound = match ty {
                         GgmlType::F32 => 0.0,
                         GgmlType::F16 => x.abs() * 2f32.powi(-11) + 2f32.powi(-25),
                         GgmlType::BF16 => x.abs() * 2f32.powi(-8),
-                        GgmlType::Q8_0 => (amax / 127.0 * 0.5 + amax * 2f32.powi(-11)) * 1.0001,
+                        _ if f16_scale => (amax / 127.0 * 0.5 + amax * 2f32.powi(-11)) * 1.0001,
                         _ => amax / 127.0 * 0.5 * 1.0001,
                     };
                     prop_assert!((x - y).abs() <= bound, "{ty} block {block}: {x} came back as {y}");
@@ -262,13 +256,13 @@ fn repacked_spec(w: GgmlType, w_row: &[u8], act: &[u8], gemm: bool) -> f32 {
         GgmlType::Q4_0 => chain32(
             blocks::<BlockQ4_0>(w_row)
                 .iter()
-                .map(|b| (b.d, reference::q4_0_values(b)))
+                .map(|b| (b.d, b.values()))
                 .collect(),
         ),
         GgmlType::IQ4_NL => chain32(
             blocks::<BlockIq4Nl>(w_row)
                 .iter()
-                .map(|b| (b.d, reference::iq4_nl_values(b)))
+                .map(|b| (b.d, b.values()))
                 .collect(),
         ),
         GgmlType::Q4_K => {
@@ -277,7 +271,7 @@ fn repacked_spec(w: GgmlType, w_row: &[u8], act: &[u8], gemm: bool) -> f32 {
                 .iter()
                 .zip(blocks::<BlockQ8K>(act))
             {
-                let q = reference::q4_k_values(b);
+                let q = b.values();
                 let sm = scales_mins_k4(&b.scales);
                 let scaled = |s: usize| {
                     let dot: i32 = (32 * s..32 * s + 32)
@@ -295,131 +289,36 @@ fn repacked_spec(w: GgmlType, w_row: &[u8], act: &[u8], gemm: bool) -> f32 {
             }
             acc - acc_min
         }
-        _ => unreachable!("{w} is not repacked"),
+        _ => panic!("no written-out llama.cpp gemv/gemm for {w}: add one here"),
     }
 }
 
-fn q8_0_block(x: &[f32; 32]) -> BlockQ8_0 {
-    blocks::blocks::<BlockQ8_0>(&quantized(GgmlType::Q8_0, x))[0]
+/// The weight types llama.cpp repacks (on a matrix whose rows come in groups of 8).
+fn repacked_types() -> Vec<GgmlType> {
+    let repacked = |w: &GgmlType| DotOrder::of(*w, 8, 1) == DotOrder::Repacked;
+    WEIGHT_TYPES.into_iter().filter(repacked).collect()
 }
 
-fn q8_k_block(x: &[f32]) -> BlockQ8K {
-    blocks::blocks::<BlockQ8K>(&quantized(GgmlType::Q8_K, x))[0]
-}
-
+/// llama.cpp's choices on AVX2, written out: Q4_0, Q4_K and IQ4_NL are repacked when their rows
+/// come in groups of 8, the other K-quants take the tiled kernel from 8 activation rows, and
+/// everything else (and anything else) is vec_dot.
 #[test]
-fn q8_0_zero_block_has_zero_scale_and_quants() {
-    let b = q8_0_block(&[0.0; 32]);
-    assert_eq!(b.d, [0, 0]);
-    assert_eq!(b.qs, [0; 32]);
-}
-
-#[test]
-fn q8_0_rounds_halves_to_even_with_id_127_over_amax() {
-    // amax = 127 makes id exactly 1, so x*id are the halves themselves.
-    let mut x = [0.0f32; 32];
-    x[..8].copy_from_slice(&[127.0, 0.5, 1.5, 2.5, -0.5, -2.5, -3.5, 126.5]);
-    let b = q8_0_block(&x);
-    assert_eq!(&b.qs[..8], &[127, 0, 2, 2, 0, -2, -4, 126]); // roundf would give 1, 3, -1, -3, -4, 127
-    assert_eq!(f16::from_le_bytes(b.d).to_f32(), 1.0);
-}
-
-#[test]
-fn q8_0_stores_d_rounded_to_nearest_even_f16() {
-    // amax/127 = 1 + 3·2^-11 lies halfway between the f16 values 1 + 2^-10 (odd mantissa) and
-    // 1 + 2^-9 (even): nearest-even picks the latter, truncation the former.
-    let mut x = [0.0f32; 32];
-    x[0] = 127.0 * (1.0 + 3.0 * 2f32.powi(-11));
-    assert_eq!(u16::from_le_bytes(q8_0_block(&x).d), 0x3c02);
-}
-
-#[test]
-fn q8_0_extremes() {
-    let mut x = [1e-30f32; 32];
-    x[3] = -2e-30;
-    let b = q8_0_block(&x);
-    assert_eq!(
-        b.d,
-        [0, 0],
-        "amax/127 underflows f16 to zero, as in llama.cpp"
-    );
-    assert_eq!((b.qs[3], b.qs[0]), (-127, 64)); // the quants still use id = 127/amax
-    let mut x = [0.0f32; 32];
-    x[0] = -3e38;
-    x[1] = 1e38;
-    let b = q8_0_block(&x);
-    assert_eq!((b.qs[0], b.qs[1]), (-127, 42));
-    assert_eq!(f16::from_le_bytes(b.d), f16::INFINITY); // 3e38/127 is beyond f16's range
-}
-
-#[test]
-fn q8_k_zero_block() {
-    let b = q8_k_block(&[0.0; 256]);
-    assert_eq!((b.d(), b.qs, b.bsums), (0.0, [0; 256], [0; 32]));
-}
-
-#[test]
-fn q8_k_scale_takes_the_sign_of_the_largest_magnitude() {
-    // max = 63.5 makes iscale = -127/63.5 = -2 exactly.
-    let mut x = [0.0f32; 256];
-    x[0] = 63.5;
-    x[1] = -31.75;
-    let b = q8_k_block(&x);
-    assert_eq!(b.d(), -0.5);
-    assert_eq!((b.qs[0], b.qs[1]), (-127, 64)); // -2 · -31.75 = 63.5 → 64 (even)
-    x[0] = -63.5;
-    let b = q8_k_block(&x);
-    assert_eq!(b.d(), 0.5);
-    assert_eq!((b.qs[0], b.qs[1]), (-127, -64));
-    // Ties in magnitude: the first one met sets the sign.
-    x[2] = 63.5;
-    assert_eq!(q8_k_block(&x).d(), 0.5);
-}
-
-#[test]
-fn q8_k_rounds_halves_to_even_and_sums_groups_of_16() {
-    // max = -127 makes iscale exactly 1.
-    let mut x = [0.0f32; 256];
-    x[..6].copy_from_slice(&[-127.0, 0.5, 1.5, 2.5, -2.5, 3.5]);
-    x[16] = 7.0;
-    x[255] = -1.0;
-    let b = q8_k_block(&x);
-    assert_eq!(&b.qs[..6], &[-127, 0, 2, 2, -2, 4]);
-    assert_eq!((b.bsum(0), b.bsum(1), b.bsum(15)), (-127 + 6, 7, -1));
-    assert_eq!(b.d(), 1.0);
-}
-
-#[test]
-fn f16_conversion_rounds_to_nearest_even_and_overflows_to_infinity() {
-    let x = [
-        1.0 + 2f32.powi(-11),
-        1.0 + 3.0 * 2f32.powi(-11),
-        65520.0,
-        -1e-8,
-    ];
-    let out = quantized(GgmlType::F16, &x);
-    let bits: Vec<u16> = out
-        .chunks(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect();
-    assert_eq!(bits, [0x3c00, 0x3c02, 0x7c00, 0x8000]);
-}
-
-#[test]
-fn bf16_conversion_matches_ggml() {
-    let x = [
-        1.0 + 2f32.powi(-8),         // halfway, even neighbour is 1.0
-        1.0 + 3.0 * 2f32.powi(-8),   // halfway, even neighbour is 1 + 2^-6
-        f32::MAX,                    // rounds up into infinity, as ggml's bit trick does
-        f32::from_bits(0x7f80_0001), // signalling NaN: kept NaN and made quiet
-        f32::from_bits(0xffff_ffff), // NaN whose rounding would carry out of the exponent
-    ];
-    let out = quantized(GgmlType::BF16, &x);
-    let bits: Vec<u16> = out
-        .chunks(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect();
-    assert_eq!(bits, [0x3f80, 0x3f82, 0x7f80, 0x7fc0, 0xffff]);
+fn dot_orders_are_llama_cpp_s() {
+    use GgmlType::*;
+    for w in WEIGHT_TYPES {
+        for (rows, act_rows) in [(8, 1), (8, 8), (12, 1), (12, 8), (16, 7)] {
+            let want = match w {
+                Q4_0 | Q4_K | IQ4_NL if rows % 8 == 0 => DotOrder::Repacked,
+                Q4_K | Q5_K | Q6_K | IQ4_XS if act_rows >= 8 => DotOrder::Tiled,
+                _ => DotOrder::VecDot,
+            };
+            assert_eq!(
+                DotOrder::of(w, rows, act_rows),
+                want,
+                "{w} {rows}x{act_rows}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -1,32 +1,14 @@
-//! The tensor types of GGUF files: ids as `ggml.h` numbers them, and the block facts every
-//! other module derives sizes from (one table, as ggml's `type_traits`).
+//! What [`GgmlType`] derives from the table's rows: sizes, the lookup by ggml id, and the names of
+//! the ggml types we do not implement.
 
 use std::fmt;
 
-/// A tensor element type, numbered as in ggml's `enum ggml_type`.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GgmlType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q5_0,
-    Q8_0,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-    IQ4_NL,
-    IQ4_XS,
-    /// Activation-only format (never stored in model files we accept).
-    Q8_K,
-}
+use super::format::Format;
+use super::GgmlType;
 
 /// Names of ggml types we recognise but do not implement, so errors can say what a file holds.
 const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
-    (3, "q4_1"),
     (7, "q5_1"),
-    (9, "q8_1"),
     (10, "q2_K"),
     (11, "q3_K"),
     (16, "iq2_xxs"),
@@ -47,21 +29,6 @@ const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
 ];
 
 impl GgmlType {
-    /// Every type a model tensor may have.
-    pub const SUPPORTED: [GgmlType; 11] = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q4_0,
-        GgmlType::Q5_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::IQ4_NL,
-        GgmlType::IQ4_XS,
-    ];
-
     /// The type with ggml id `id`, if it is one a model tensor may have.
     pub fn from_id(id: u32) -> Option<GgmlType> {
         Self::SUPPORTED.into_iter().find(|t| t.id() == id)
@@ -75,68 +42,14 @@ impl GgmlType {
             .map(|(_, n)| *n)
     }
 
-    pub fn id(self) -> u32 {
-        match self {
-            GgmlType::F32 => 0,
-            GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q5_0 => 6,
-            GgmlType::Q8_0 => 8,
-            GgmlType::Q4_K => 12,
-            GgmlType::Q5_K => 13,
-            GgmlType::Q6_K => 14,
-            GgmlType::Q8_K => 15,
-            GgmlType::IQ4_NL => 20,
-            GgmlType::IQ4_XS => 23,
-            GgmlType::BF16 => 30,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            GgmlType::F32 => "f32",
-            GgmlType::F16 => "f16",
-            GgmlType::BF16 => "bf16",
-            GgmlType::Q4_0 => "q4_0",
-            GgmlType::Q5_0 => "q5_0",
-            GgmlType::Q8_0 => "q8_0",
-            GgmlType::Q4_K => "q4_K",
-            GgmlType::Q5_K => "q5_K",
-            GgmlType::Q6_K => "q6_K",
-            GgmlType::IQ4_NL => "iq4_nl",
-            GgmlType::IQ4_XS => "iq4_xs",
-            GgmlType::Q8_K => "q8_K",
-        }
-    }
-
     /// Values per block.
     pub fn block_len(self) -> usize {
-        match self {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => 32,
-            GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-            | GgmlType::IQ4_XS
-            | GgmlType::Q8_K => 256,
-        }
+        with_format!(self, F => F::LEN)
     }
 
     /// Bytes per block (`sizeof(block_*)` in ggml-common.h).
     pub fn block_bytes(self) -> usize {
-        match self {
-            GgmlType::F32 => 4,
-            GgmlType::F16 | GgmlType::BF16 => 2,
-            GgmlType::Q4_0 => 18,
-            GgmlType::Q5_0 => 22,
-            GgmlType::Q8_0 => 34,
-            GgmlType::Q4_K => 144,
-            GgmlType::Q5_K => 176,
-            GgmlType::Q6_K => 210,
-            GgmlType::IQ4_NL => 18,
-            GgmlType::IQ4_XS => 136,
-            GgmlType::Q8_K => 292,
-        }
+        with_format!(self, F => size_of::<<F as Format>::Block>())
     }
 
     /// Bytes of a row of `n` values, or `None` when `n` is not a whole number of blocks or the
@@ -169,7 +82,22 @@ mod tests {
         assert_eq!(GgmlType::Q6_K.row_bytes(512), Some(420));
         assert_eq!(GgmlType::Q8_0.row_bytes(640), Some(680));
         assert_eq!(GgmlType::Q4_K.row_bytes(640), None);
-        assert_eq!(GgmlType::from_id(3), None);
-        assert_eq!(GgmlType::unsupported_name(3), Some("q4_1"));
+        assert_eq!(GgmlType::from_id(7), None);
+        assert_eq!(GgmlType::unsupported_name(7), Some("q5_1"));
+    }
+
+    /// The table's rows are distinct types: one id and one name each, none also listed as
+    /// unsupported, and activation-only types never accepted from a file.
+    #[test]
+    fn table_rows_are_distinct_and_only_weights_load() {
+        for (i, a) in GgmlType::ALL.into_iter().enumerate() {
+            assert_eq!(a as usize, i);
+            assert!(GgmlType::unsupported_name(a.id()).is_none(), "{a}");
+            for b in &GgmlType::ALL[i + 1..] {
+                assert!(a.id() != b.id() && a.name() != b.name(), "{a} and {b}");
+            }
+            let weight = GgmlType::SUPPORTED.contains(&a);
+            assert_eq!(GgmlType::from_id(a.id()).is_some(), weight, "{a}");
+        }
     }
 }

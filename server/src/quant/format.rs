@@ -1,0 +1,107 @@
+//! What one format is: the traits each file in `formats/` implements, and the two the table
+//! implements for it from its row.
+//!
+//! Every row is a [`Format`] (a block layout and its dequantisation). A weight row adds a
+//! [`Weight`] (the scalar reference dot, the definition) and its [`Kernels`] (the AVX2 dots in
+//! each of llama.cpp's float orders); the activation format it names is an [`Activation`] (a
+//! quantiser bit-identical to llama.cpp's). None of their items has a default, so a format that
+//! lacks one does not compile.
+
+use super::blocks::Block;
+use super::{DotOrder, GgmlType};
+
+/// The table's name for a format (implemented by `formats!`, never by hand).
+pub trait Row {
+    const TYPE: GgmlType;
+}
+
+/// What a weight row of the table says besides its name: the format activations are quantised
+/// into before the dot (ggml's `vec_dot_type`) and the float orders other than vec_dot llama.cpp
+/// uses for the type on AVX2 (see [`DotOrder::of`]). Implemented by `formats!`.
+pub trait WeightRow: Format {
+    type Act: Activation;
+    const ORDERS: &'static [DotOrder];
+}
+
+/// The block of `W`'s activation format.
+pub type ActBlock<W> = <<W as WeightRow>::Act as Format>::Block;
+
+/// A block layout (`ggml-common.h`) and how it decodes.
+pub trait Format: Row {
+    /// The block, as a byte-array struct of alignment 1 (so rows need no alignment).
+    type Block: Block;
+    /// Values per block (`blck_size`); its bytes are `size_of::<Block>()` (`type_size`).
+    const LEN: usize;
+    /// The block's float fields (scales, or the values of a float format), so generators of
+    /// random blocks for tests and benches can keep them finite.
+    const FLOATS: &'static [Float];
+    /// Writes the block's `LEN` values into `out`, as ggml's `dequantize_row_*`.
+    fn dequantize(b: &Self::Block, out: &mut [f32]);
+}
+
+/// A float field of a block at a byte offset.
+#[derive(Clone, Copy, Debug)]
+pub enum Float {
+    F16(usize),
+    Bf16(usize),
+    F32(usize),
+}
+
+/// A format activation rows are converted to before they are dotted with weights.
+pub trait Activation: Format {
+    /// How far, relatively, the block sums a dot takes from this format may be from the sum of
+    /// its dequantised values (Q8_1's f16 `s`, by which weights with an offset multiply it); 0
+    /// where a format stores none or they are exact (Q8_K's integer `bsums`). Read by the
+    /// property tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    const SUM_ROUNDING: f64;
+    /// Quantises `x` (a whole number of blocks) into `out`, bit-identical to llama.cpp's x86
+    /// AVX2 quantiser for the format.
+    fn quantize(x: &[f32], out: &mut [Self::Block]);
+}
+
+/// A weight format's scalar reference: the definition the SIMD kernels are held to.
+pub trait Weight: WeightRow {
+    /// Dot product of a weight row with an activation row of as many blocks, in llama.cpp's
+    /// integer arithmetic (integer sums per block, one float multiply per block).
+    fn dot_ref(w: &[Self::Block], a: &[ActBlock<Self>]) -> f32;
+}
+
+/// A weight format's SIMD kernels: AVX2/FMA in each format's file (the workspace targets
+/// x86-64-v3); elsewhere the scalar reference stands in for both, in its one order (only the
+/// SIMD kernels reproduce llama.cpp's others).
+pub trait Kernels: Weight {
+    /// [`Weight::dot_ref`] in llama.cpp's float order `order`; an order the row does not list
+    /// is vec_dot's.
+    fn dot(w: &[Self::Block], a: &[ActBlock<Self>], order: DotOrder) -> f32;
+    /// One weight row against four activation rows. In the vec_dot and tiled orders each result
+    /// is bit-identical to [`Kernels::dot`]; repacked, it follows llama.cpp's gemm, which may
+    /// sum in another order than its gemv.
+    fn dot_x4(w: &[Self::Block], a: [&[ActBlock<Self>]; 4], order: DotOrder) -> [f32; 4];
+}
+
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+)))]
+impl<W: Weight> Kernels for W {
+    fn dot(w: &[Self::Block], a: &[ActBlock<Self>], _order: DotOrder) -> f32 {
+        W::dot_ref(w, a)
+    }
+
+    fn dot_x4(w: &[Self::Block], a: [&[ActBlock<Self>]; 4], _order: DotOrder) -> [f32; 4] {
+        a.map(|a| W::dot_ref(w, a))
+    }
+}
+
+/// [`Kernels::dot_x4`] for formats without a four-row kernel: four [`Kernels::dot`]s.
+#[inline(always)]
+pub fn dot_x4_by_rows<W: Kernels>(
+    w: &[W::Block],
+    a: [&[ActBlock<W>]; 4],
+    order: DotOrder,
+) -> [f32; 4] {
+    a.map(|a| W::dot(w, a, order))
+}

@@ -1,0 +1,114 @@
+//! IQ4_XS: IQ4_NL's grid in super-blocks of 256 with eight 6-bit sub-block scales, dotted
+//! against Q8_K.
+
+use std::mem::offset_of;
+
+use crate::quant::blocks::{block, f16_to_f32, KVALUES_IQ4NL, QK_K};
+use crate::quant::format::{Float, Format, Weight};
+use crate::quant::formats::q8_k::BlockQ8K;
+use crate::quant::scalar;
+
+block!(
+    /// Eight sub-blocks of 32 with 6-bit scales (low 4 bits in `scales_l`, high 2 in the
+    /// little-endian u16 `scales_h`), offset by 32; nibbles as in IQ4_NL.
+    BlockIq4Xs, bytes 136,
+    { d: [u8; 2], scales_h: [u8; 2], scales_l: [u8; 4], qs: [u8; 128] }
+);
+
+impl BlockIq4Xs {
+    /// The signed scale (`ls - 32`) of sub-block `ib` (0..8).
+    #[inline(always)]
+    pub fn scale(&self, ib: usize) -> i32 {
+        let low = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF;
+        let high = (u16::from_le_bytes(self.scales_h) >> (2 * ib)) & 3;
+        (low as i32 | (high as i32) << 4) - 32
+    }
+
+    /// The quants looked up in the grid, in element order.
+    pub fn values(&self) -> [i8; QK_K] {
+        let mut v = [0i8; QK_K];
+        for (ib, qs) in self.qs.chunks_exact(16).enumerate() {
+            for (j, &q) in qs.iter().enumerate() {
+                v[32 * ib + j] = KVALUES_IQ4NL[(q & 0xF) as usize];
+                v[32 * ib + 16 + j] = KVALUES_IQ4NL[(q >> 4) as usize];
+            }
+        }
+        v
+    }
+}
+
+pub struct Iq4Xs;
+
+impl Format for Iq4Xs {
+    type Block = BlockIq4Xs;
+    const LEN: usize = QK_K;
+    const FLOATS: &'static [Float] = &[Float::F16(offset_of!(BlockIq4Xs, d))];
+
+    fn dequantize(b: &BlockIq4Xs, out: &mut [f32]) {
+        let d = f16_to_f32(b.d);
+        let values = b.values();
+        for (ib, (ys, qs)) in out.chunks_exact_mut(32).zip(values.chunks(32)).enumerate() {
+            let dl = d * b.scale(ib) as f32;
+            for (y, &q) in ys.iter_mut().zip(qs) {
+                *y = dl * q as f32;
+            }
+        }
+    }
+}
+
+impl Weight for Iq4Xs {
+    fn dot_ref(w: &[BlockIq4Xs], a: &[BlockQ8K]) -> f32 {
+        scalar::dot_k(w, a, |b, y| {
+            let values = b.values();
+            let sumi: i32 = (0..8)
+                .map(|s| b.scale(s) * scalar::dot_i8(&values[32 * s..32 * s + 32], &y.qs[32 * s..]))
+                .sum();
+            f16_to_f32(b.d) * y.d() * sumi as f32
+        })
+    }
+}
+
+avx2! {
+    use std::arch::x86_64::*;
+
+    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
+    use crate::quant::simd::{iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
+    use crate::quant::DotOrder;
+
+    impl ScaledBlock for BlockIq4Xs {
+        #[inline(always)]
+        fn d(&self) -> [u8; 2] {
+            self.d
+        }
+
+        /// `Σ_s (ls_s-32)·(v·a)_s` (even and odd sub-blocks in two accumulators, as ggml has
+        /// them; integer, so only the lanes matter); sub-block s reads qs[16s..16s+16].
+        #[inline(always)]
+        unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
+            let grid = iq4nl_grid();
+            let mut sumi = _mm256_setzero_si256();
+            for s in 0..8 {
+                let q = _mm256_shuffle_epi8(grid, nibbles_32(self.qs.as_ptr().add(16 * s)));
+                let act = load256(y.qs.as_ptr().add(32 * s).cast());
+                let scale = _mm256_set1_epi16(self.scale(s) as i16);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(mul_i8_pairs(q, act), scale));
+            }
+            sumi
+        }
+    }
+
+    impl Kernels for Iq4Xs {
+        #[inline]
+        fn dot(w: &[BlockIq4Xs], a: &[BlockQ8K], order: DotOrder) -> f32 {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
+            // stays inside the blocks borrowed from `w` and `a`.
+            unsafe { scaled_dot(w, a, order) }
+        }
+
+        #[inline]
+        fn dot_x4(w: &[BlockIq4Xs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            dot_x4_by_rows::<Self>(w, a, order)
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Q4_0: 32 four-bit quants offset by 8 and an f16 scale per block, dotted against Q8_0.
+
+use std::mem::offset_of;
+
+use crate::quant::blocks::{block, QK};
+use crate::quant::format::{Float, Format, Weight};
+use crate::quant::formats::q8_0::BlockQ8_0;
+use crate::quant::scalar;
+
+block!(
+    /// `d: f16; qs: [u8; 16]`: value j is `(qs[j] & 15) - 8`, value j+16 is `(qs[j] >> 4) - 8`.
+    BlockQ4_0, bytes 18, { d: [u8; 2], qs: [u8; 16] }
+);
+
+impl BlockQ4_0 {
+    /// The quants as signed values (-8..7), in element order.
+    pub fn values(&self) -> [i8; QK] {
+        let mut v = [0i8; QK];
+        for (j, &q) in self.qs.iter().enumerate() {
+            v[j] = (q & 0xF) as i8 - 8;
+            v[j + 16] = (q >> 4) as i8 - 8;
+        }
+        v
+    }
+}
+
+pub struct Q4_0;
+
+impl Format for Q4_0 {
+    type Block = BlockQ4_0;
+    const LEN: usize = QK;
+    const FLOATS: &'static [Float] = &[Float::F16(offset_of!(BlockQ4_0, d))];
+
+    fn dequantize(b: &BlockQ4_0, out: &mut [f32]) {
+        scalar::dequantize_32(b.d, b.values(), out);
+    }
+}
+
+impl Weight for Q4_0 {
+    fn dot_ref(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
+        scalar::dot_32(w, a, |b| (b.d, b.values()))
+    }
+}
+
+avx2! {
+    use std::arch::x86_64::*;
+
+    use crate::quant::format::Kernels;
+    use crate::quant::simd::block32::{self, SignedBlock32};
+    use crate::quant::simd::nibbles_32;
+    use crate::quant::DotOrder;
+
+    impl SignedBlock32 for BlockQ4_0 {
+        #[inline(always)]
+        fn d(&self) -> [u8; 2] {
+            self.d
+        }
+
+        #[inline(always)]
+        unsafe fn quants(&self) -> __m256i {
+            _mm256_sub_epi8(nibbles_32(self.qs.as_ptr()), _mm256_set1_epi8(8))
+        }
+    }
+
+    impl Kernels for Q4_0 {
+        #[inline]
+        fn dot(w: &[BlockQ4_0], a: &[BlockQ8_0], order: DotOrder) -> f32 {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
+            // inside the blocks borrowed from `w` and `a`.
+            unsafe {
+                match order {
+                    DotOrder::Repacked => block32::repacked(w, a),
+                    _ => block32::vec_dot(w, a),
+                }
+            }
+        }
+
+        #[inline]
+        fn dot_x4(w: &[BlockQ4_0], a: [&[BlockQ8_0]; 4], order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+            // the caller).
+            unsafe {
+                match order {
+                    DotOrder::Repacked => block32::repacked_x4(w, a),
+                    _ => block32::vec_dot_x4(w, a),
+                }
+            }
+        }
+    }
+}

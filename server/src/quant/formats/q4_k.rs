@@ -1,0 +1,192 @@
+//! Q4_K: super-blocks of 256 four-bit quants in eight sub-blocks of 32 with 6-bit scales and
+//! mins, dotted against Q8_K.
+
+use std::mem::offset_of;
+
+use crate::quant::blocks::{block, QK_K};
+use crate::quant::format::{Float, Format, Weight};
+use crate::quant::formats::q8_k::BlockQ8K;
+use crate::quant::scalar;
+
+block!(
+    /// Eight sub-blocks of 32 with 6-bit scales and mins packed in `scales` (see
+    /// [`scales_mins_k4`](crate::quant::blocks::scales_mins_k4)); each 64 values use 32 bytes of
+    /// `qs`, low nibbles first.
+    BlockQ4K, bytes 144, { d: [u8; 2], dmin: [u8; 2], scales: [u8; 12], qs: [u8; 128] }
+);
+
+impl BlockQ4K {
+    /// The quants (0..15), in element order.
+    pub fn values(&self) -> [u8; QK_K] {
+        let mut v = [0u8; QK_K];
+        for (chunk, qs) in self.qs.chunks_exact(32).enumerate() {
+            for (l, &q) in qs.iter().enumerate() {
+                v[64 * chunk + l] = q & 0xF;
+                v[64 * chunk + 32 + l] = q >> 4;
+            }
+        }
+        v
+    }
+}
+
+pub struct Q4K;
+
+impl Format for Q4K {
+    type Block = BlockQ4K;
+    const LEN: usize = QK_K;
+    const FLOATS: &'static [Float] = &[
+        Float::F16(offset_of!(BlockQ4K, d)),
+        Float::F16(offset_of!(BlockQ4K, dmin)),
+    ];
+
+    fn dequantize(b: &BlockQ4K, out: &mut [f32]) {
+        scalar::dequantize_k4(b.d, b.dmin, &b.scales, &b.values(), out);
+    }
+}
+
+impl Weight for Q4K {
+    fn dot_ref(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+        scalar::dot_k(w, a, |b, y| {
+            scalar::dot_k4(b.d, b.dmin, &b.scales, &b.values(), y)
+        })
+    }
+}
+
+avx2! {
+    use std::arch::x86_64::*;
+
+    use crate::quant::blocks::{f16_to_f32, scales_mins_k4};
+    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::simd::super_block::{k4_chunk_sum, k4_dot, k4_scaled_sum, K4Block, LaneMins};
+    use crate::quant::simd::{
+        fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load128, load256,
+    };
+    use crate::quant::DotOrder;
+
+    impl K4Block for BlockQ4K {
+        #[inline(always)]
+        fn d(&self) -> [u8; 2] {
+            self.d
+        }
+
+        #[inline(always)]
+        fn dmin(&self) -> [u8; 2] {
+            self.dmin
+        }
+
+        #[inline(always)]
+        fn scales(&self) -> &[u8; 12] {
+            &self.scales
+        }
+
+        /// The low and the high nibbles of qs[32c..32c+32].
+        #[inline(always)]
+        unsafe fn chunk(&self, c: usize) -> (__m256i, __m256i) {
+            let q = load256(self.qs.as_ptr().add(32 * c));
+            let m4 = _mm256_set1_epi8(0x0F);
+            (
+                _mm256_and_si256(q, m4),
+                _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+            )
+        }
+    }
+
+    impl Kernels for Q4K {
+        /// vec_dot takes the min term in four float lanes ([`LaneMins`]); repacked is
+        /// [`gemv`].
+        #[inline]
+        fn dot(w: &[BlockQ4K], a: &[BlockQ8K], order: DotOrder) -> f32 {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); chunk c
+            // reads qs[32c..32c+32] of a 128-byte array (c < 4).
+            unsafe {
+                match order {
+                    DotOrder::Repacked => gemv(w, a),
+                    _ => k4_dot::<_, LaneMins>(w, a, order),
+                }
+            }
+        }
+
+        #[inline]
+        fn dot_x4(w: &[BlockQ4K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            match order {
+                // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked
+                // by the caller).
+                DotOrder::Repacked => unsafe { gemm(w, a) },
+                _ => dot_x4_by_rows::<Self>(w, a, order),
+            }
+        }
+    }
+
+    /// A super-block's scales and mins, unpacked once: the eight 6-bit scales as i16 in both
+    /// 128-bit halves (the layout [`k4_scaled_sum`] takes), and the eight mins as i16.
+    #[inline(always)]
+    unsafe fn scales_mins(b: &BlockQ4K) -> (__m256i, __m128i) {
+        let sm = _mm256_cvtepu8_epi16(load128(scales_mins_k4(&b.scales).as_ptr()));
+        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+        (scales, _mm256_extracti128_si256(sm, 1))
+    }
+
+    /// `min_2c·bsum_2c + min_2c+1·bsum_2c+1` for the four 64-value chunks c, where bsum_s is the
+    /// activation sum over sub-block s: the integers the kernels scale by dmin.
+    #[inline(always)]
+    unsafe fn chunk_min_sums(mins: __m128i, a: &BlockQ8K) -> __m128i {
+        let bsums = load256(a.bsums.as_ptr());
+        let sub_sums = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bsums),
+            _mm256_extracti128_si256(bsums, 1),
+        );
+        _mm_madd_epi16(mins, sub_sums)
+    }
+
+    /// The repacked order for one activation row, as `ggml_gemv_q4_K_8x8_q8_K`: per
+    /// super-block, one FMA of the scaled integer sum by d_w·d_a and one of the min sum by
+    /// dmin_w·d_a into a second chain, which is subtracted at the end.
+    #[inline(always)]
+    unsafe fn gemv(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
+        let (mut acc, mut acc_min) = (0.0, 0.0);
+        for (b, y) in w.iter().zip(a) {
+            let (scales, mins) = scales_mins(b);
+            let sumi = hsum_i32(k4_scaled_sum(scales, y, b));
+            acc = fma_scaled(sumi, f16_to_f32(b.d), y.d(), acc);
+            let min_sum = hsum_i32_128(chunk_min_sums(mins, y));
+            acc_min = fma_scaled(min_sum, f16_to_f32(b.dmin), y.d(), acc_min);
+        }
+        acc - acc_min
+    }
+
+    /// The repacked order for four activation rows, as `ggml_gemm_q4_K_8x8_q8_K`, which (unlike
+    /// the gemv) applies the FMAs per 64-value chunk: four per super-block into each chain. Lane
+    /// k of the accumulators is activation row k's chain.
+    #[inline(always)]
+    unsafe fn gemm(w: &[BlockQ4K], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
+        let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
+        for (i, b) in w.iter().enumerate() {
+            let (scales, mins) = scales_mins(b);
+            let y = a.map(|a| &a[i]);
+            let d_a = y.map(|y| y.d());
+            let min_sums = transpose_i32_4x4(y.map(|y| chunk_min_sums(mins, y)));
+            for (c, min_sum) in min_sums.into_iter().enumerate() {
+                let quants = b.chunk(c);
+                let sumi = hsum_i32_x4(y.map(|y| k4_chunk_sum(scales, y, c, quants)));
+                acc = fma_scaled_x4(sumi, f16_to_f32(b.d), d_a, acc);
+                acc_min = fma_scaled_x4(min_sum, f16_to_f32(b.dmin), d_a, acc_min);
+            }
+        }
+        lanes(_mm_sub_ps(acc, acc_min))
+    }
+
+    /// Rows become columns: lane j of output i is lane i of input j.
+    #[inline(always)]
+    unsafe fn transpose_i32_4x4(m: [__m128i; 4]) -> [__m128i; 4] {
+        let lo01 = _mm_unpacklo_epi32(m[0], m[1]);
+        let lo23 = _mm_unpacklo_epi32(m[2], m[3]);
+        let hi01 = _mm_unpackhi_epi32(m[0], m[1]);
+        let hi23 = _mm_unpackhi_epi32(m[2], m[3]);
+        [
+            _mm_unpacklo_epi64(lo01, lo23),
+            _mm_unpackhi_epi64(lo01, lo23),
+            _mm_unpacklo_epi64(hi01, hi23),
+            _mm_unpackhi_epi64(hi01, hi23),
+        ]
+    }
+}

@@ -1,0 +1,142 @@
+//! Q6_K: super-blocks of 256 six-bit quants in sixteen sub-blocks of 16 with signed 8-bit scales,
+//! dotted against Q8_K.
+
+use std::mem::offset_of;
+
+use crate::quant::blocks::{block, f16_to_f32, QK_K};
+use crate::quant::format::{Float, Format, Weight};
+use crate::quant::formats::q8_k::BlockQ8K;
+use crate::quant::scalar;
+
+block!(
+    /// Sixteen sub-blocks of 16 with signed 8-bit scales; 6-bit quants offset by 32; `d` last.
+    BlockQ6K, bytes 210, { ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: [u8; 2] }
+);
+
+impl BlockQ6K {
+    /// The quants with the offset removed (-32..31), in element order.
+    pub fn values(&self) -> [i8; QK_K] {
+        let mut v = [0i8; QK_K];
+        for half in 0..2 {
+            let ql = &self.ql[64 * half..64 * half + 64];
+            let qh = &self.qh[32 * half..32 * half + 32];
+            let out = &mut v[128 * half..128 * half + 128];
+            for l in 0..32 {
+                let q = |low: u8, shift: u32| (low | (((qh[l] >> shift) & 3) << 4)) as i8 - 32;
+                out[l] = q(ql[l] & 0xF, 0);
+                out[l + 32] = q(ql[l + 32] & 0xF, 2);
+                out[l + 64] = q(ql[l] >> 4, 4);
+                out[l + 96] = q(ql[l + 32] >> 4, 6);
+            }
+        }
+        v
+    }
+}
+
+pub struct Q6K;
+
+impl Format for Q6K {
+    type Block = BlockQ6K;
+    const LEN: usize = QK_K;
+    const FLOATS: &'static [Float] = &[Float::F16(offset_of!(BlockQ6K, d))];
+
+    fn dequantize(b: &BlockQ6K, out: &mut [f32]) {
+        let d = f16_to_f32(b.d);
+        for ((ys, qs), &sc) in out
+            .chunks_exact_mut(16)
+            .zip(b.values().chunks(16))
+            .zip(&b.scales)
+        {
+            for (y, &q) in ys.iter_mut().zip(qs) {
+                *y = d * sc as f32 * q as f32;
+            }
+        }
+    }
+}
+
+impl Weight for Q6K {
+    fn dot_ref(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+        scalar::dot_k(w, a, |b, y| {
+            let values = b.values();
+            let sumi: i32 = (0..16)
+                .map(|s| {
+                    let dot = scalar::dot_i8(&values[16 * s..16 * s + 16], &y.qs[16 * s..]);
+                    b.scales[s] as i32 * dot
+                })
+                .sum();
+            f16_to_f32(b.d) * y.d() * sumi as f32
+        })
+    }
+}
+
+avx2! {
+    use std::arch::x86_64::*;
+
+    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
+    use crate::quant::simd::{load128, load256};
+    use crate::quant::DotOrder;
+
+    /// Shuffle mask giving bytes [2g; 8] ++ [2g+1; 8]: the two scales of 32-value group g.
+    #[inline(always)]
+    unsafe fn scale_pair_mask(g: usize) -> __m128i {
+        let byte = |i: usize| (i as i64) * 0x0101_0101_0101_0101;
+        _mm_set_epi64x(byte(2 * g + 1), byte(2 * g))
+    }
+
+    impl ScaledBlock for BlockQ6K {
+        #[inline(always)]
+        fn d(&self) -> [u8; 2] {
+            self.d
+        }
+
+        /// `Σ_s scale_s·((q-32)·a)_s`; half h reads ql[64h..64h+64] and qh[32h..32h+32].
+        #[inline(always)]
+        unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
+            let m4 = _mm256_set1_epi8(0x0F);
+            let m2 = _mm256_set1_epi8(3);
+            let scales = load128(self.scales.as_ptr().cast());
+            // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
+            let offset =
+                _mm256_madd_epi16(load256(y.bsums.as_ptr()), _mm256_cvtepi8_epi16(scales));
+            let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
+            for half in 0..2 {
+                let ql0 = load256(self.ql.as_ptr().add(64 * half));
+                let ql1 = load256(self.ql.as_ptr().add(64 * half + 32));
+                let qh = load256(self.qh.as_ptr().add(32 * half));
+                let high = |shift: i32| {
+                    let s = _mm_cvtsi32_si128(shift);
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s), m2), 4)
+                };
+                let quants = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+                ];
+                for (g, q) in quants.into_iter().enumerate() {
+                    let group = 4 * half + g;
+                    let act = load256(y.qs.as_ptr().add(32 * group).cast());
+                    let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(group)));
+                    let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act));
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+            }
+            sumi
+        }
+    }
+
+    impl Kernels for Q6K {
+        #[inline]
+        fn dot(w: &[BlockQ6K], a: &[BlockQ8K], order: DotOrder) -> f32 {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
+            // stays inside the blocks borrowed from `w` and `a`.
+            unsafe { scaled_dot(w, a, order) }
+        }
+
+        #[inline]
+        fn dot_x4(w: &[BlockQ6K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            dot_x4_by_rows::<Self>(w, a, order)
+        }
+    }
+}

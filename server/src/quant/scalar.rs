@@ -1,0 +1,83 @@
+//! The scalar arithmetic several formats' references share, as llama.cpp does it: integer sums
+//! per block (K-quant mins and offsets via the Q8_K `bsums`), then one float multiply per block
+//! by `d_weight * d_act`; the SIMD kernels differ only in float summation order.
+//! Sources: `dequantize_row_*` in ggml/src/ggml-quants.c and `ggml_vec_dot_*_generic` in
+//! ggml/src/ggml-cpu/quants.c (ggml-org/ggml d99724f).
+
+use super::blocks::{f16_to_f32, scales_mins_k4, QK, QK_K};
+use super::formats::q8_0::BlockQ8_0;
+use super::formats::q8_k::BlockQ8K;
+
+/// Integer dot product of `w` with the first `w.len()` values of `a`.
+pub fn dot_i8<W: Copy + Into<i32>>(w: &[W], a: &[i8]) -> i32 {
+    w.iter().zip(a).map(|(&w, &a)| w.into() * a as i32).sum()
+}
+
+/// A float format's dot product, summed in f64 (the reference for any summation order).
+pub fn dot_float<B>(w: &[B], a: &[B], value: impl Fn(&B) -> f32) -> f32 {
+    let pairs = w.iter().zip(a);
+    pairs
+        .map(|(w, a)| value(w) as f64 * value(a) as f64)
+        .sum::<f64>() as f32
+}
+
+/// `y = q * d` for a 32-value block of signed quants.
+pub fn dequantize_32(d: [u8; 2], values: [i8; QK], out: &mut [f32]) {
+    let d = f16_to_f32(d);
+    for (y, q) in out.iter_mut().zip(values) {
+        *y = q as f32 * d;
+    }
+}
+
+/// 32-value blocks of signed quants (`unpack` gives a block's d and quants) against Q8_0.
+pub fn dot_32<B>(w: &[B], a: &[BlockQ8_0], unpack: impl Fn(&B) -> ([u8; 2], [i8; QK])) -> f32 {
+    let pairs = w.iter().zip(a);
+    pairs
+        .map(|(b, y)| {
+            let (d, values) = unpack(b);
+            dot_i8(&values, &y.qs) as f32 * (f16_to_f32(d) * f16_to_f32(y.d))
+        })
+        .sum()
+}
+
+/// K-quant super-blocks against Q8_K, `block_dot` giving each super-block's float value.
+pub fn dot_k<B>(w: &[B], a: &[BlockQ8K], block_dot: impl Fn(&B, &BlockQ8K) -> f32) -> f32 {
+    w.iter().zip(a).map(|(b, y)| block_dot(b, y)).sum()
+}
+
+/// Q4_K/Q5_K: `y = d*scale*q - dmin*min` per 32-value sub-block.
+pub fn dequantize_k4(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; 12],
+    values: &[u8; QK_K],
+    out: &mut [f32],
+) {
+    let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
+    let sm = scales_mins_k4(scales);
+    for (s, (ys, qs)) in out.chunks_exact_mut(32).zip(values.chunks(32)).enumerate() {
+        let (scale, min) = (d * sm[s] as f32, dmin * sm[8 + s] as f32);
+        for (y, &q) in ys.iter_mut().zip(qs) {
+            *y = scale * q as f32 - min;
+        }
+    }
+}
+
+/// Q4_K/Q5_K super-block: `d*d_y*Σ scale_s*(q·y)_s - dmin*d_y*Σ min_s*bsum_s`, the min term taken
+/// from the activation's per-16 sums so the quants are never offset.
+pub fn dot_k4(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; 12],
+    values: &[u8; QK_K],
+    y: &BlockQ8K,
+) -> f32 {
+    let sm = scales_mins_k4(scales);
+    let sumi: i32 = (0..8)
+        .map(|s| sm[s] as i32 * dot_i8(&values[32 * s..32 * s + 32], &y.qs[32 * s..]))
+        .sum();
+    let summ: i32 = (0..8)
+        .map(|s| sm[8 + s] as i32 * (y.bsum(2 * s) + y.bsum(2 * s + 1)))
+        .sum();
+    y.d() * f16_to_f32(d) * sumi as f32 - y.d() * f16_to_f32(dmin) * summ as f32
+}

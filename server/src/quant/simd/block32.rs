@@ -1,0 +1,101 @@
+//! llama.cpp's float orders for 32-value blocks against Q8_0 (Q8_0, Q4_0, Q5_0, IQ4_NL): a format
+//! says how its block unpacks to 32 signed bytes ([`SignedBlock32`]); these sum the blocks.
+
+use std::arch::x86_64::*;
+
+use super::{dot_i8_quads, fma_scaled, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
+use crate::quant::blocks::{f16_to_f32, Block};
+use crate::quant::formats::q8_0::BlockQ8_0;
+
+/// A 32-value block whose quants unpack to signed bytes, dotted against Q8_0.
+pub trait SignedBlock32: Block {
+    fn d(&self) -> [u8; 2];
+    /// The 32 quants as signed bytes, in element order.
+    unsafe fn quants(&self) -> __m256i;
+}
+
+/// `acc + d_w*d_a*(w·a)` for one 32-value block.
+#[inline(always)]
+unsafe fn fma_block(w: &impl SignedBlock32, a: &BlockQ8_0, acc: __m256) -> __m256 {
+    let sumi = dot_i8_quads(w.quants(), load256(a.qs.as_ptr().cast()));
+    let d = _mm256_set1_ps(f16_to_f32(w.d()) * f16_to_f32(a.d));
+    _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc)
+}
+
+/// ggml's AVX2 `vec_dot_q{8,4,5}_0_q8_0`: one FMA chain over the blocks, then the horizontal
+/// sum. The order is not a detail: the sum's last bit moves the next layer's Q8_0 rounding, and
+/// quantised Gemma models amplify such flips into logit errors of tenths. One chain still
+/// outruns memory (a 34-byte block per 4-cycle FMA latency).
+#[inline(always)]
+pub unsafe fn vec_dot<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (w, a) in w.iter().zip(a) {
+        acc = fma_block(w, a, acc);
+    }
+    hsum(acc)
+}
+
+/// [`vec_dot`] of one weight row against four activation rows at once (prompt processing): each
+/// weight block is unpacked once and feeds four FMA chains, one per output, so every output sums
+/// in exactly the single-row order.
+#[inline(always)]
+pub unsafe fn vec_dot_x4<B: SignedBlock32>(w: &[B], a: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (b, wb) in w.iter().enumerate() {
+        let wq = wb.quants();
+        let dw = f16_to_f32(wb.d());
+        for k in 0..4 {
+            let ab = &a[k][b];
+            let sumi = dot_i8_quads(wq, load256(ab.qs.as_ptr().cast()));
+            let d = _mm256_set1_ps(dw * f16_to_f32(ab.d));
+            acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[k]);
+        }
+    }
+    acc.map(|v| hsum(v))
+}
+
+/// As [`vec_dot`] but with ggml's two chains for IQ4_NL (even and odd blocks), summed before the
+/// horizontal add; an odd last block is added after it.
+#[inline(always)]
+pub unsafe fn vec_dot_pairs<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
+    let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (w2, a2) = (w.chunks_exact(2), a.chunks_exact(2));
+    let (w_rest, a_rest) = (w2.remainder(), a2.remainder());
+    for (w, a) in w2.zip(a2) {
+        acc1 = fma_block(&w[0], &a[0], acc1);
+        acc2 = fma_block(&w[1], &a[1], acc2);
+    }
+    let mut sum = hsum(_mm256_add_ps(acc1, acc2));
+    for (w, a) in w_rest.iter().zip(a_rest) {
+        sum += hsum(fma_block(w, a, _mm256_setzero_ps()));
+    }
+    sum
+}
+
+/// The repacked order (Q4_0, IQ4_NL), as `gemv_q4_b32_8x8_q8_0_lut_avx` and
+/// `gemm_q4_b32_8x8_q8_0_lut_avx` (ggml-cpu/arch/x86/repack.cpp) both compute it: per block,
+/// the integer dot, then one scalar FMA.
+#[inline(always)]
+pub unsafe fn repacked<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = 0.0;
+    for (w, a) in w.iter().zip(a) {
+        let sumi = hsum_i32(dot_i8_quads(w.quants(), load256(a.qs.as_ptr().cast())));
+        acc = fma_scaled(sumi, f16_to_f32(w.d()), f16_to_f32(a.d), acc);
+    }
+    acc
+}
+
+/// [`repacked`] for four activation rows, each weight block unpacked once; lane k of the
+/// accumulator is activation row k's chain.
+#[inline(always)]
+pub unsafe fn repacked_x4<B: SignedBlock32>(w: &[B], a: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+    let mut acc = _mm_setzero_ps();
+    for (i, wb) in w.iter().enumerate() {
+        let wq = wb.quants();
+        let y = a.map(|a| &a[i]);
+        let sumi = hsum_i32_x4(y.map(|y| dot_i8_quads(wq, load256(y.qs.as_ptr().cast()))));
+        let d_a = y.map(|y| f16_to_f32(y.d));
+        acc = fma_scaled_x4(sumi, f16_to_f32(wb.d()), d_a, acc);
+    }
+    lanes(acc)
+}

@@ -1,0 +1,124 @@
+//! AVX2/FMA/F16C helpers the formats' kernels share (compiled in when the target has them; the
+//! workspace builds for x86-64-v3). Tricks follow ggml/src/ggml-cpu/arch/x86/quants.c
+//! (ggml-org/ggml d99724f):
+//! - `_mm256_maddubs_epi16` needs an unsigned operand, so signed×signed products are taken as
+//!   `|w| × (a with w's sign)`; `_mm256_madd_epi16` then widens pairs to i32 (or applies a scale).
+//! - One float FMA per block (32 values) or super-block (256 values), into independent
+//!   accumulators so consecutive blocks do not wait on each other's FMA latency.
+//! - K-quant mins and offsets are taken from the activation's `bsums`, never from the quants.
+//!
+//! Rows need no alignment: every load is unaligned. The float orders (how the per-block products
+//! are summed) live by family: [`block32`] for 32-value blocks against Q8_0, [`super_block`] for
+//! K-quants against Q8_K, [`float`] for F32/F16/BF16.
+
+use std::arch::x86_64::*;
+
+pub mod block32;
+pub mod float;
+pub mod super_block;
+
+/// Horizontal sum of eight f32 lanes.
+#[inline(always)]
+pub unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Sum of eight i32 lanes (exact: integer order does not matter).
+#[inline(always)]
+pub unsafe fn hsum_i32(v: __m256i) -> i32 {
+    hsum_i32_128(_mm_add_epi32(
+        _mm256_castsi256_si128(v),
+        _mm256_extracti128_si256(v, 1),
+    ))
+}
+
+/// Sum of four i32 lanes.
+#[inline(always)]
+pub unsafe fn hsum_i32_128(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+}
+
+/// The four sums of eight i32 lanes each, `[Σv0, Σv1, Σv2, Σv3]`.
+#[inline(always)]
+pub unsafe fn hsum_i32_x4(v: [__m256i; 4]) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
+#[inline(always)]
+pub unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
+#[inline(always)]
+pub unsafe fn load128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p.cast())
+}
+
+/// Sixteen i16 sums of adjacent products of signed bytes `w` and `a`.
+#[inline(always)]
+pub unsafe fn mul_i8_pairs(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+}
+
+/// Eight i32 sums of four products each of signed bytes `w` and `a`.
+#[inline(always)]
+pub unsafe fn dot_i8_quads(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_madd_epi16(mul_i8_pairs(w, a), _mm256_set1_epi16(1))
+}
+
+/// Low nibbles of 16 bytes in lanes 0..16, high nibbles in lanes 16..32 (the Q4_0 family order).
+#[inline(always)]
+pub unsafe fn nibbles_32(qs: *const u8) -> __m256i {
+    let q = load128(qs);
+    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// 0xFF in byte i where bit i of `bits` is set, 0 elsewhere.
+#[inline(always)]
+pub unsafe fn bytes_from_bits_32(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        ),
+    );
+    // Byte i of each group of eight gets every bit but bit i set, so it is all-ones iff bit i was.
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
+}
+
+/// The 16-entry grid of IQ4_NL and IQ4_XS in both 128-bit halves, for `_mm256_shuffle_epi8`.
+#[inline(always)]
+pub unsafe fn iq4nl_grid() -> __m256i {
+    _mm256_broadcastsi128_si256(load128(super::blocks::KVALUES_IQ4NL.as_ptr().cast()))
+}
+
+/// `acc + sumi·(d_w·d_a)` with one rounding, as the repacked kernels' `_mm256_fmadd_ps(cvt(iacc),
+/// mul(col_scale, row_scale), acc)` does per lane.
+#[inline(always)]
+pub fn fma_scaled(sumi: i32, d_w: f32, d_a: f32, acc: f32) -> f32 {
+    (sumi as f32).mul_add(d_w * d_a, acc)
+}
+
+/// [`fma_scaled`] for four activation rows, one per lane.
+#[inline(always)]
+pub unsafe fn fma_scaled_x4(sumi: __m128i, d_w: f32, d_a: [f32; 4], acc: __m128) -> __m128 {
+    let d = _mm_mul_ps(_mm_set1_ps(d_w), _mm_loadu_ps(d_a.as_ptr()));
+    _mm_fmadd_ps(_mm_cvtepi32_ps(sumi), d, acc)
+}
+
+/// The four f32 lanes of `v`.
+#[inline(always)]
+pub unsafe fn lanes(v: __m128) -> [f32; 4] {
+    let mut out = [0.0; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), v);
+    out
+}

@@ -1,0 +1,198 @@
+//! llama.cpp's float orders for K-quant super-blocks (256 values) against Q8_K: a format says how
+//! its super-block's integer parts come out ([`K4Block`] for the Q4_K/Q5_K layout with scales
+//! and mins, [`ScaledBlock`] for the mins-free Q6_K and IQ4_XS); these sum them in the vec_dot
+//! or the tiled order.
+
+use std::arch::x86_64::*;
+
+use super::{hsum, hsum_i32, hsum_i32_128, load128, load256};
+use crate::quant::blocks::{f16_to_f32, scales_mins_k4};
+use crate::quant::formats::q8_k::BlockQ8K;
+use crate::quant::DotOrder;
+
+/// A Q4_K/Q5_K-layout super-block: f16 `d` and `dmin`, twelve packed 6-bit scales and mins
+/// (see [`scales_mins_k4`]), quants that unpack to unsigned bytes < 64.
+pub trait K4Block {
+    fn d(&self) -> [u8; 2];
+    fn dmin(&self) -> [u8; 2];
+    fn scales(&self) -> &[u8; 12];
+    /// The 64 quants of chunk c (< 4) as (values 0..32, values 32..64).
+    unsafe fn chunk(&self, c: usize) -> (__m256i, __m256i);
+}
+
+/// A mins-free K-quant super-block (Q6_K, IQ4_XS): f16 `d` and the integer sum
+/// `Σ_s scale_s·(q·a)_s` in ggml's eight vec_dot lanes.
+pub trait ScaledBlock {
+    fn d(&self) -> [u8; 2];
+    unsafe fn sumi(&self, a: &BlockQ8K) -> __m256i;
+}
+
+/// Shuffle mask that broadcasts i16 lane `k` of each 128-bit half.
+#[inline(always)]
+unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
+    _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k))
+}
+
+/// `Σ_s scale_s · (q·a)_s` over a [`K4Block`] super-block, `scales` holding the eight scales as
+/// i16 in both 128-bit halves.
+#[inline(always)]
+pub unsafe fn k4_scaled_sum(scales: __m256i, a: &BlockQ8K, b: &impl K4Block) -> __m256i {
+    let mut sumi = _mm256_setzero_si256();
+    for c in 0..4 {
+        sumi = _mm256_add_epi32(sumi, k4_chunk_sum(scales, a, c, b.chunk(c)));
+    }
+    sumi
+}
+
+/// `scale_2c·(q·a)_2c + scale_2c+1·(q·a)_2c+1` as eight i32 partial sums: chunk c (64 values)
+/// given as (values 0..32, 32..64), with `scales` as in [`k4_scaled_sum`].
+#[inline(always)]
+pub unsafe fn k4_chunk_sum(
+    scales: __m256i,
+    a: &BlockQ8K,
+    c: usize,
+    (lo, hi): (__m256i, __m256i),
+) -> __m256i {
+    let a_lo = load256(a.qs.as_ptr().add(64 * c).cast());
+    let a_hi = load256(a.qs.as_ptr().add(64 * c + 32).cast());
+    let sc_lo = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16));
+    let sc_hi = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16 + 1));
+    let p_lo = _mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, a_lo));
+    let p_hi = _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, a_hi));
+    _mm256_add_epi32(p_lo, p_hi)
+}
+
+/// How a Q4_K/Q5_K super-block's min term, `-dmin·d_a·Σ min_s·(bsum_2s + bsum_2s+1)`, is summed.
+/// ggml's AVX2 kernels differ here, and the last bit of the result depends on it.
+pub trait MinTerm {
+    unsafe fn zero() -> Self;
+    /// Adds one super-block's term: `neg_dmin` = -dmin·d_a, `mins` = the four i32 lanes of
+    /// `min_s·(bsum_2s + bsum_2s+1)` summed pairwise.
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i);
+    unsafe fn total(&self) -> f32;
+}
+
+/// Q4_K: one FMA per super-block into four float lanes, summed at the end.
+pub struct LaneMins(__m128);
+
+impl MinTerm for LaneMins {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        LaneMins(_mm_setzero_ps())
+    }
+
+    #[inline(always)]
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i) {
+        self.0 = _mm_fmadd_ps(_mm_set1_ps(neg_dmin), _mm_cvtepi32_ps(mins), self.0);
+    }
+
+    #[inline(always)]
+    unsafe fn total(&self) -> f32 {
+        let m = _mm_add_ps(self.0, _mm_movehl_ps(self.0, self.0));
+        _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
+    }
+}
+
+/// Q5_K: the lanes are summed in integers first, then one scalar FMA per super-block (what
+/// `summs += dmin * hsum` compiles to in ggml's x86-64-v3 build).
+pub struct ScalarMins(f32);
+
+impl MinTerm for ScalarMins {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        ScalarMins(0.0)
+    }
+
+    #[inline(always)]
+    unsafe fn add(&mut self, neg_dmin: f32, mins: __m128i) {
+        self.0 = neg_dmin.mul_add(hsum_i32_128(mins) as f32, self.0);
+    }
+
+    #[inline(always)]
+    unsafe fn total(&self) -> f32 {
+        self.0
+    }
+}
+
+/// A [`K4Block`] super-block's integer parts: `Σ_s scale_s·(q·a)_s` in ggml's eight vec_dot lanes
+/// and `min_s·(bsum_2s + bsum_2s+1)` summed pairwise into four lanes.
+#[inline(always)]
+unsafe fn k4_parts(b: &impl K4Block, y: &BlockQ8K) -> (__m256i, __m128i) {
+    let sm = scales_mins_k4(b.scales());
+    // Lanes 0..8: scales, 8..16: mins, as i16.
+    let scales_mins = _mm256_cvtepu8_epi16(load128(sm.as_ptr()));
+    let bsums = load256(y.bsums.as_ptr());
+    let bsums32 = _mm_hadd_epi16(
+        _mm256_castsi256_si128(bsums),
+        _mm256_extracti128_si256(bsums, 1),
+    );
+    let mins = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), bsums32);
+    let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+    (k4_scaled_sum(scales, y, b), mins)
+}
+
+/// Q4_K/Q5_K in either of llama.cpp's non-repacked orders, the min term summed as `M` in the
+/// vec_dot order.
+#[inline(always)]
+pub unsafe fn k4_dot<B: K4Block, M: MinTerm>(w: &[B], a: &[BlockQ8K], order: DotOrder) -> f32 {
+    match order {
+        DotOrder::Tiled => k4_tiled(w, a),
+        _ => k4_vec_dot::<B, M>(w, a),
+    }
+}
+
+/// Q4_K/Q5_K in ggml's vec_dot order: per super-block, the scale part is `d·d_a·sumi` (one FMA
+/// into eight lanes) and the min part goes to `M`; the result is `hsum(scale lanes) + min total`.
+#[inline(always)]
+unsafe fn k4_vec_dot<B: K4Block, M: MinTerm>(w: &[B], a: &[BlockQ8K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut min_term = M::zero();
+    for (b, y) in w.iter().zip(a) {
+        let (sumi, mins) = k4_parts(b, y);
+        min_term.add(-y.d() * f16_to_f32(b.dmin()), mins);
+        let d = _mm256_set1_ps(y.d() * f16_to_f32(b.d()));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc) + min_term.total()
+}
+
+/// Q4_K/Q5_K in ggml's tiled order (see [`tiled`]): the super-block's value before the
+/// activation scale is `d·sumi - dmin·summ`, the subtraction fused.
+#[inline(always)]
+unsafe fn k4_tiled<B: K4Block>(w: &[B], a: &[BlockQ8K]) -> f32 {
+    tiled(w, a, |b, y| {
+        let (sumi, mins) = k4_parts(b, y);
+        let scaled = f16_to_f32(b.d()) * hsum_i32(sumi) as f32;
+        (-f16_to_f32(b.dmin())).mul_add(hsum_i32_128(mins) as f32, scaled)
+    })
+}
+
+/// The float order of ggml's tiled K-quant matmul (ggml-cpu/tiled, which llama.cpp uses instead
+/// of vec_dot when a matmul has at least 8 activation rows): each super-block's integer total is
+/// converted once and scaled by the weight's d (`block`), then one scalar FMA by the
+/// activation's d adds it to the output, super-block after super-block.
+#[inline(always)]
+unsafe fn tiled<B>(w: &[B], a: &[BlockQ8K], block: impl Fn(&B, &BlockQ8K) -> f32) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, y) in w.iter().zip(a) {
+        acc = block(b, y).mul_add(y.d(), acc);
+    }
+    acc
+}
+
+/// Mins-free K-quants in either of llama.cpp's non-repacked orders: vec_dot is one FMA of the
+/// super-block's eight integer lanes by `d_w·d_a`, then the horizontal sum.
+#[inline(always)]
+pub unsafe fn scaled_dot<B: ScaledBlock>(w: &[B], a: &[BlockQ8K], order: DotOrder) -> f32 {
+    match order {
+        DotOrder::Tiled => tiled(w, a, |b, y| f16_to_f32(b.d()) * hsum_i32(b.sumi(y)) as f32),
+        _ => {
+            let mut acc = _mm256_setzero_ps();
+            for (b, y) in w.iter().zip(a) {
+                let d = _mm256_set1_ps(f16_to_f32(b.d()) * y.d());
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(b.sumi(y)), acc);
+            }
+            hsum(acc)
+        }
+    }
+}
