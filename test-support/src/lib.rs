@@ -103,7 +103,6 @@ pub const SYNTH_AWAITING_TYPES: &[(&str, &[&str])] = &[
     ("synth-llama-q2_k.gguf", &["q2_K", "q3_K"]),
     ("synth-llama-q3_k_m.gguf", &["q3_K"]),
     ("synth-llama-q3_k_s.gguf", &["q3_K"]),
-    ("synth-llama-q4_1.gguf", &["q4_1"]),
     ("synth-llama-q5_1.gguf", &["q5_1"]),
     ("synth-llama-tq1_0.gguf", &["tq1_0"]),
     ("synth-llama-tq2_0.gguf", &["tq2_0"]),
