@@ -8,6 +8,7 @@ pub enum Arch {
     Gemma3,
     Llama,
     Qwen2,
+    Qwen3,
 }
 
 /// How RoPE pairs the elements of a head.
@@ -15,7 +16,7 @@ pub enum Arch {
 pub enum RopeStyle {
     /// Adjacent pairs (2i, 2i+1): Llama, whose converter permutes Q/K rows to match.
     Normal,
-    /// Halves (i, i + n_rot/2): GPT-NeoX, Qwen2, Gemma 3. The wrong one corrupts attention.
+    /// Halves (i, i + n_rot/2): GPT-NeoX, Qwen2, Qwen3, Gemma 3. The wrong one corrupts attention.
     Neox,
 }
 
@@ -92,6 +93,17 @@ pub const ARCHS: &[ArchSpec] = &[
         rope: RopeStyle::Neox,
         ffn: Ffn::SwiGlu,
         qk_norm: false,
+        post_norms: false,
+        embed_scale: false,
+        q_prescale: false,
+        swa: None,
+    },
+    ArchSpec {
+        arch: Arch::Qwen3,
+        name: "qwen3",
+        rope: RopeStyle::Neox,
+        ffn: Ffn::SwiGlu,
+        qk_norm: true,
         post_norms: false,
         embed_scale: false,
         q_prescale: false,
