@@ -19,6 +19,7 @@ pub struct Config {
     pub norm_eps: f32,
     /// Rotated elements of each head (the first `n_rot`; the rest pass through).
     pub n_rot: usize,
+    /// RoPE base of the global layers (`rope.freq_base`).
     pub rope_base: f32,
     /// Sliding-window size, where the architecture has local layers and the file gives one.
     pub sliding_window: Option<usize>,

@@ -1,5 +1,10 @@
 //! A loaded model: the mapped file, its config and weights, its tokenizer and a thread pool.
 //! Conversations run in [`Session`]s, each with its own KV cache.
+//!
+//! In reading order: `arch` (one [`ArchSpec`] row per architecture), `config` (the sizes from
+//! the file), `weights` (the tensors, with their shapes), `scratch` and `kv_cache` (a session's
+//! memory), `session` (the forward pass: embed → RoPE tables → layers → output), `attention`
+//! (its attention block), `matmul` and `ops` (its arithmetic).
 
 mod arch;
 mod attention;
