@@ -226,6 +226,9 @@ synth_tests! {
     qwen2_f32 => "synth-qwen2-f32";
     qwen2_q4_k_m => "synth-qwen2-q4_k_m";
     qwen2_q8_0 => "synth-qwen2-q8_0";
+    qwen3_f32 => "synth-qwen3-f32";
+    qwen3_q8_0 => "synth-qwen3-q8_0";
+    qwen3_q4_k_m => "synth-qwen3-q4_k_m";
     gemma3_f32 => "synth-gemma3-f32";
     gemma3_q4_k_m => "synth-gemma3-q4_k_m";
     gemma3_q8_0 => "synth-gemma3-q8_0";

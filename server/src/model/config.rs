@@ -1,49 +1,13 @@
-//! Hyper-parameters of the supported architectures, read from GGUF metadata.
+//! A model's hyper-parameters: its architecture's [`ArchSpec`] row and the sizes read from its
+//! GGUF metadata.
 
+use super::arch::ArchSpec;
 use crate::gguf::{Gguf, GgufError, Metadata};
-
-/// The architectures this engine computes. Each differs from the others only where a field of
-/// [`Config`] says so, so the forward pass is one function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Gemma3,
-    Llama,
-    Qwen2,
-}
-
-impl Arch {
-    pub const SUPPORTED: [&'static str; 3] = ["gemma3", "llama", "qwen2"];
-
-    fn from_name(name: &str) -> Option<Arch> {
-        match name {
-            "gemma3" => Some(Arch::Gemma3),
-            "llama" => Some(Arch::Llama),
-            "qwen2" => Some(Arch::Qwen2),
-            _ => None,
-        }
-    }
-}
-
-/// How RoPE pairs the elements of a head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs (2i, 2i+1): Llama, whose converter permutes Q/K rows to match.
-    Normal,
-    /// Halves (i, i + n_rot/2): GPT-NeoX, Qwen2, Gemma 3. The wrong one corrupts attention.
-    Neox,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// SiLU(gate) * up.
-    SwiGlu,
-    /// GELU-tanh(gate) * up, through ggml's fp16 table.
-    GeGlu,
-}
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub arch: Arch,
+    /// What the architecture computes differently from the others.
+    pub spec: &'static ArchSpec,
     pub n_embd: usize,
     pub n_layer: usize,
     pub n_ff: usize,
@@ -53,27 +17,17 @@ pub struct Config {
     pub n_vocab: usize,
     pub n_ctx_train: usize,
     pub norm_eps: f32,
-    pub rope_style: RopeStyle,
+    /// Rotated elements of each head (the first `n_rot`; the rest pass through).
     pub n_rot: usize,
+    /// RoPE base of the global layers (`rope.freq_base`).
     pub rope_base: f32,
-    /// RoPE base of sliding-window layers (Gemma 3: 10,000, hard-coded as llama.cpp does).
-    pub rope_base_swa: f32,
-    /// Sliding-window size, for architectures that have local layers.
+    /// Sliding-window size, where the architecture has local layers and the file gives one.
     pub sliding_window: Option<usize>,
-    /// Every `swa_pattern`-th layer is global; the others are local (Gemma 3: 6).
-    pub swa_pattern: usize,
-    pub activation: Activation,
-    /// Gemma: embeddings are scaled by sqrt(n_embd).
-    pub embed_scale: Option<f32>,
-    /// Gemma 3: Q is scaled by this before the dot product (instead of scaling the scores).
-    pub q_prescale: bool,
-    /// Gemma 3: RMSNorm after attention and after the FFN, and per-head norms on Q and K.
-    pub sandwich_norms: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("architecture `{0}` is not supported; supported architectures: {list}", list = Arch::SUPPORTED.join(", "))]
+    #[error("architecture `{0}` is not supported; supported architectures: {list}", list = ArchSpec::names().collect::<Vec<_>>().join(", "))]
     UnsupportedArch(String),
     #[error(transparent)]
     Gguf(#[from] GgufError),
@@ -86,8 +40,8 @@ impl Config {
     pub fn from_gguf(g: &Gguf) -> Result<Config, ConfigError> {
         let md = &g.metadata;
         let name = md.str("general.architecture")?;
-        let arch =
-            Arch::from_name(name).ok_or_else(|| ConfigError::UnsupportedArch(name.into()))?;
+        let spec =
+            ArchSpec::by_name(name).ok_or_else(|| ConfigError::UnsupportedArch(name.into()))?;
         let key = |k: &str| format!("{name}.{k}");
         let n_embd = md.usize(&key("embedding_length"))?;
         let n_head = md.usize(&key("attention.head_count"))?;
@@ -118,17 +72,16 @@ impl Config {
                 "rope.dimension_count {n_rot} must be even and at most the head size {head_dim}"
             )));
         }
-        let gemma = arch == Arch::Gemma3;
         let embd = g.tensor("token_embd.weight")?;
         let n_vocab = embd.info.n_rows();
-        let sliding_window = if gemma {
-            md.opt(&key("attention.sliding_window"), Metadata::usize)?
-                .filter(|&w| w > 0)
-        } else {
-            None
+        let sliding_window = match spec.swa {
+            Some(_) => md
+                .opt(&key("attention.sliding_window"), Metadata::usize)?
+                .filter(|&w| w > 0),
+            None => None,
         };
         Ok(Config {
-            arch,
+            spec,
             n_embd,
             n_layer: md.usize(&key("block_count"))?,
             n_ff: md.usize(&key("feed_forward_length"))?,
@@ -140,48 +93,45 @@ impl Config {
                 .opt(&key("context_length"), Metadata::usize)?
                 .unwrap_or(2048),
             norm_eps: md.f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope_style: if arch == Arch::Llama {
-                RopeStyle::Normal
-            } else {
-                RopeStyle::Neox
-            },
             n_rot,
             rope_base: md
                 .opt(&key("rope.freq_base"), Metadata::f32)?
                 .unwrap_or(10_000.0),
-            rope_base_swa: 10_000.0,
             sliding_window,
-            swa_pattern: 6,
-            activation: if gemma {
-                Activation::GeGlu
-            } else {
-                Activation::SwiGlu
-            },
-            embed_scale: gemma.then(|| (n_embd as f32).sqrt()),
-            q_prescale: gemma,
-            sandwich_norms: gemma,
         })
     }
 
-    /// Whether layer `il` attends only to the last `sliding_window` positions.
-    pub fn is_local(&self, il: usize) -> bool {
-        self.sliding_window.is_some() && il % self.swa_pattern < self.swa_pattern - 1
+    /// The sliding window of layer `il`, if it is a local layer.
+    pub fn window(&self, il: usize) -> Option<usize> {
+        let swa = self.spec.swa?;
+        let w = self.sliding_window?;
+        (il % swa.pattern < swa.pattern - 1).then_some(w)
     }
 
+    /// The RoPE base of the sliding-window layers, if the model has any.
+    pub fn local_rope_base(&self) -> Option<f32> {
+        self.sliding_window
+            .and(self.spec.swa)
+            .map(|swa| swa.rope_base)
+    }
+
+    /// Embeddings are multiplied by this (Gemma: sqrt(n_embd)).
+    pub fn embed_scale(&self) -> Option<f32> {
+        self.spec.embed_scale.then(|| (self.n_embd as f32).sqrt())
+    }
+
+    /// Q·K scores are multiplied by this, or Q before the product where the spec says so.
+    pub fn attn_scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// Q width of one token: `n_head * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }
 
+    /// K (and V) width of one token: `n_head_kv * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
-    }
-
-    /// KV cells layer `il` needs for a context of `n_ctx`: a ring of the window for local
-    /// layers, the whole context for global ones.
-    pub fn kv_cells(&self, il: usize, n_ctx: usize) -> usize {
-        match self.sliding_window {
-            Some(w) if self.is_local(il) => w.min(n_ctx),
-            _ => n_ctx,
-        }
     }
 }

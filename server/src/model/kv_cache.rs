@@ -17,8 +17,8 @@ pub const UBATCH: usize = 32;
 pub const LLAMA_BATCH: usize = 512;
 
 pub struct LayerKv {
-    pub k: Vec<f16>,
-    pub v: Vec<f16>,
+    pub k: Vec<f16>, // (cells, n_head_kv * head_dim)
+    pub v: Vec<f16>, // (cells, n_head_kv * head_dim)
     pub cells: usize,
 }
 
@@ -30,14 +30,14 @@ impl LayerKv {
 }
 
 pub struct KvCache {
-    pub layers: Vec<LayerKv>,
+    pub layers: Vec<LayerKv>, // (n_layer)
 }
 
 /// Cells of layer `il` for a context of `n_ctx`.
 pub fn cells(c: &Config, il: usize, n_ctx: usize) -> usize {
-    match c.sliding_window {
-        Some(w) if c.is_local(il) => (w + UBATCH - 1).min(n_ctx),
-        _ => n_ctx,
+    match c.window(il) {
+        Some(w) => (w + UBATCH - 1).min(n_ctx),
+        None => n_ctx,
     }
 }
 

@@ -1,16 +1,25 @@
 //! A loaded model: the mapped file, its config and weights, its tokenizer and a thread pool.
 //! Conversations run in [`Session`]s, each with its own KV cache.
+//!
+//! In reading order: `arch` (one [`ArchSpec`] row per architecture), `config` (the sizes from
+//! the file), `weights` (the tensors, with their shapes), `scratch` and `kv_cache` (a session's
+//! memory), `session` (the forward pass: embed → RoPE tables → layers → output), `attention`
+//! (its attention block), `matmul` and `ops` (its arithmetic).
 
+mod arch;
+mod attention;
 mod config;
 mod kv_cache;
 mod matmul;
 mod ops;
+mod scratch;
 mod session;
 pub(crate) mod weights;
 
 use std::path::Path;
 
-pub use config::{Arch, Config, ConfigError};
+pub use arch::{Arch, ArchSpec, Ffn, RopeStyle, Swa, ARCHS};
+pub use config::{Config, ConfigError};
 pub use kv_cache::KvCache;
 pub use session::Session;
 pub use weights::Weights;

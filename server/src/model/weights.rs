@@ -1,6 +1,8 @@
 //! The model's tensors, located in the map and checked against the config. Matrices stay in
 //! the map (zero-copy); the small f32 vectors (norms, biases; a few KiB) are read out once.
 
+#[cfg(doc)]
+use super::arch::ArchSpec;
 use super::config::Config;
 use super::ModelError;
 use crate::gguf::Gguf;
@@ -71,35 +73,39 @@ fn opt_vector(g: &Gguf, name: &str, len: usize) -> Result<Option<Vec<f32>>, Mode
     }
 }
 
+/// One layer's tensors. Shapes as (rows, cols) = (outputs, inputs) for matrices; q_dim is
+/// n_head * head_dim, kv_dim n_head_kv * head_dim.
 pub struct Layer {
-    pub attn_norm: Vec<f32>,
-    pub wq: Mat,
-    pub wk: Mat,
-    pub wv: Mat,
-    pub wo: Mat,
-    /// Qwen2 (and any model that has them): biases added after the projections.
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    /// Gemma 3: per-head RMSNorm weights for Q and K (shared by all heads).
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub w_gate: Mat,
-    pub w_up: Mat,
-    pub w_down: Mat,
-    pub post_ffn_norm: Option<Vec<f32>>,
+    pub attn_norm: Vec<f32>, // (n_embd)
+    pub wq: Mat,             // (q_dim, n_embd)
+    pub wk: Mat,             // (kv_dim, n_embd)
+    pub wv: Mat,             // (kv_dim, n_embd)
+    pub wo: Mat,             // (n_embd, q_dim)
+    /// Biases added after the projections, where the file has them (Qwen2).
+    pub bq: Option<Vec<f32>>, // (q_dim)
+    pub bk: Option<Vec<f32>>, // (kv_dim)
+    pub bv: Option<Vec<f32>>, // (kv_dim)
+    /// Per-head RMSNorm of Q and K, one weight shared by all heads ([`ArchSpec::qk_norm`]).
+    pub q_norm: Option<Vec<f32>>, // (head_dim)
+    pub k_norm: Option<Vec<f32>>, // (head_dim)
+    /// RMSNorm of the attention output ([`ArchSpec::post_norms`]).
+    pub post_attn_norm: Option<Vec<f32>>, // (n_embd)
+    pub ffn_norm: Vec<f32>,  // (n_embd)
+    pub w_gate: Mat,         // (n_ff, n_embd)
+    pub w_up: Mat,           // (n_ff, n_embd)
+    pub w_down: Mat,         // (n_embd, n_ff)
+    /// RMSNorm of the FFN output ([`ArchSpec::post_norms`]).
+    pub post_ffn_norm: Option<Vec<f32>>, // (n_embd)
 }
 
 pub struct Weights {
-    pub tok_embd: Mat,
-    pub output_norm: Vec<f32>,
+    pub tok_embd: Mat,         // (n_vocab, n_embd)
+    pub output_norm: Vec<f32>, // (n_embd)
     /// `output.weight`, or the embedding when the model ties them (Gemma, small Llama/Qwen).
-    pub output: Mat,
+    pub output: Mat, // (n_vocab, n_embd)
     /// Llama 3 RoPE frequency factors, one per rotary pair.
-    pub rope_freqs: Option<Vec<f32>>,
-    pub layers: Vec<Layer>,
+    pub rope_freqs: Option<Vec<f32>>, // (n_rot / 2)
+    pub layers: Vec<Layer>,    // (n_layer)
 }
 
 impl Weights {
@@ -113,8 +119,15 @@ impl Weights {
         let layers = (0..c.n_layer)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}");
-                let gemma = c.sandwich_norms;
-                let needed = |s: &str, len| vector(g, &n(s), len).map(Some);
+                // A tensor the architecture has: required then, absent otherwise.
+                let when = |has: bool, s: &str, len| {
+                    if has {
+                        vector(g, &n(s), len).map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let spec = c.spec;
                 Ok(Layer {
                     attn_norm: vector(g, &n("attn_norm.weight"), d)?,
                     wq: Mat::load(g, &n("attn_q.weight"), d, q)?,
@@ -124,30 +137,14 @@ impl Weights {
                     bq: opt_vector(g, &n("attn_q.bias"), q)?,
                     bk: opt_vector(g, &n("attn_k.bias"), kv)?,
                     bv: opt_vector(g, &n("attn_v.bias"), kv)?,
-                    q_norm: if gemma {
-                        needed("attn_q_norm.weight", c.head_dim)?
-                    } else {
-                        None
-                    },
-                    k_norm: if gemma {
-                        needed("attn_k_norm.weight", c.head_dim)?
-                    } else {
-                        None
-                    },
-                    post_attn_norm: if gemma {
-                        needed("post_attention_norm.weight", d)?
-                    } else {
-                        None
-                    },
+                    q_norm: when(spec.qk_norm, "attn_q_norm.weight", c.head_dim)?,
+                    k_norm: when(spec.qk_norm, "attn_k_norm.weight", c.head_dim)?,
+                    post_attn_norm: when(spec.post_norms, "post_attention_norm.weight", d)?,
                     ffn_norm: vector(g, &n("ffn_norm.weight"), d)?,
                     w_gate: Mat::load(g, &n("ffn_gate.weight"), d, ff)?,
                     w_up: Mat::load(g, &n("ffn_up.weight"), d, ff)?,
                     w_down: Mat::load(g, &n("ffn_down.weight"), ff, d)?,
-                    post_ffn_norm: if gemma {
-                        needed("post_ffw_norm.weight", d)?
-                    } else {
-                        None
-                    },
+                    post_ffn_norm: when(spec.post_norms, "post_ffw_norm.weight", d)?,
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
