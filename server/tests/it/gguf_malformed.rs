@@ -973,8 +973,8 @@ proptest! {
 
 // ---------------------------------------------------------------------------------------------
 // The fuzzer's seed corpus comes from this writer (fuzz/README.md):
-// `GGUF_FUZZ_SEEDS=fuzz/corpus/gguf_parse cargo test -p llm-server --test gguf_malformed
-// write_fuzz_seeds -- --ignored`.
+// `GGUF_FUZZ_SEEDS=fuzz/corpus/gguf_parse cargo test -p llm-server --test it
+// gguf_malformed::write_fuzz_seeds -- --ignored`.
 
 #[test]
 #[ignore = "writes the fuzz seed corpus into $GGUF_FUZZ_SEEDS"]

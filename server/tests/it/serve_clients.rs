@@ -1,16 +1,14 @@
 //! Real clients against the default model: the official `openai` Python SDK and curl, over
 //! HTTP to the server in process.
 
-mod serve_support;
-
 use std::net::SocketAddr;
 use std::process::Command;
 
+use crate::serve_support::app::{App, AppConfig};
 use llm_server::engine::Slots;
 use llm_server::serve::auth::ApiKeys;
 use llm_server::serve::HttpConfig;
 use serde_json::{json, Value};
-use serve_support::app::{App, AppConfig};
 
 /// The default model with a context of 1024, on every CPU as `serve` runs it.
 fn default_model(http: HttpConfig) -> AppConfig {
@@ -41,7 +39,7 @@ fn openai_python_sdk() {
         ..HttpConfig::default()
     }));
     let base = format!("http://{}/v1", s.listen());
-    let out = serve_support::python("openai_client.py", &["openai"], &[&base, "sk-test"]);
+    let out = crate::serve_support::python("openai_client.py", &["openai"], &[&base, "sk-test"]);
     std::fs::remove_dir_all(&dir).unwrap();
     let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     eprintln!("{v:#}");

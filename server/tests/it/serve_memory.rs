@@ -2,8 +2,6 @@
 //! status 2 and the table, `plan --ctx-size auto` picks a context that fits. Needs root (to
 //! create a memory cgroup); v1 (this development machine) and v2 (the appliance) are handled.
 
-mod serve_support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -43,7 +41,7 @@ impl LimitedCgroup {
             .arg("-c")
             .arg(r#"echo $$ > "$0" && exec "$@""#)
             .arg(&procs)
-            .arg(serve_support::binary())
+            .arg(crate::serve_support::binary())
             .args(args)
             .output()
             .unwrap()
@@ -60,7 +58,7 @@ impl Drop for LimitedCgroup {
 fn serve_refuses_a_plan_over_the_cgroup_limit_with_status_2() {
     let model = test_support::default_model();
     let cgroup = LimitedCgroup::new(128 * MIB);
-    let port = serve_support::free_port().to_string();
+    let port = crate::serve_support::free_port().to_string();
     let out = cgroup.run(&[
         "serve",
         "--model",

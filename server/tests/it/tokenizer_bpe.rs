@@ -1,11 +1,9 @@
 //! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`) against llama.cpp's own outputs.
 
-mod tokenizer_common;
-
+use crate::tokenizer_common::*;
 use llm_server::gguf::Gguf;
 use llm_server::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use proptest::prelude::*;
-use tokenizer_common::*;
 
 const VOCABS: [&str; 3] = ["llama-bpe", "qwen2", "gpt-2"];
 

@@ -1,11 +1,9 @@
 //! SentencePiece (`tokenizer.ggml.model = "llama"`) against llama.cpp's own outputs.
 
-mod tokenizer_common;
-
+use crate::tokenizer_common::*;
 use llm_server::gguf::Gguf;
 use llm_server::tokenizer::{StreamDecoder, Tokenizer};
 use proptest::prelude::*;
-use tokenizer_common::*;
 
 #[test]
 fn gemma3_golden_tokenize_cases() {

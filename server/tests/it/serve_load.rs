@@ -1,15 +1,13 @@
 //! A bounded load test: 64 concurrent clients against 2 slots and a queue of 16. Every request
 //! is answered in full or with 503, the server stays up, and its RSS does not grow.
 
-mod serve_support;
-
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::serve_support::{try_request, Server};
 use serde_json::json;
-use serve_support::{try_request, Server};
 
 const CLIENTS: usize = 64;
 const ANSWERED: usize = 500;

@@ -3,8 +3,6 @@
 //! against the spawned binary, what needs a process: disconnects, signals and systemd's
 //! notifications. The default model and the official SDK are in `serve_clients.rs`.
 
-mod serve_support;
-
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::os::unix::net::UnixDatagram;
@@ -12,12 +10,12 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::serve_support::app::{App, AppConfig, Stream};
+use crate::serve_support::{read_head, synth_model, write_request, Server};
 use llm_server::engine::Slots;
 use llm_server::serve::auth::ApiKeys;
 use llm_server::serve::HttpConfig;
 use serde_json::{json, Value};
-use serve_support::app::{App, AppConfig, Stream};
-use serve_support::{read_head, synth_model, write_request, Server};
 
 /// The synthetic model's context (its training context).
 const N_CTX: usize = 512;
@@ -446,7 +444,7 @@ fn health_is_503_until_loaded_then_openapi_matches_the_routes() {
     }
     let path = std::env::temp_dir().join(format!("llm-openapi-{}.json", std::process::id()));
     std::fs::write(&path, doc.to_string()).unwrap();
-    serve_support::python(
+    crate::serve_support::python(
         "check_openapi.py",
         &["openapi_spec_validator"],
         &[path.to_str().unwrap()],
