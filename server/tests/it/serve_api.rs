@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::serve_support::app::{App, AppConfig, Stream};
-use crate::serve_support::{read_head, synth_model, write_request, Server};
+use crate::serve_support::{read_head, synth_model, write_request, Requests, Server};
 use llm_server::engine::Slots;
 use llm_server::serve::auth::ApiKeys;
 use llm_server::serve::HttpConfig;

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::serve_support::{try_request, Server};
+use crate::serve_support::{try_request, Requests, Server};
 use serde_json::json;
 
 const CLIENTS: usize = 64;

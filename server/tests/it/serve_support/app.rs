@@ -22,7 +22,7 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
-use super::Response;
+use super::{Requests, Response};
 
 /// What `llm-server serve` is given on its command line.
 pub struct AppConfig {
@@ -112,30 +112,6 @@ impl App {
         self.runtime
             .spawn(async move { axum::serve(listener, router).await });
         addr
-    }
-
-    pub fn get(&self, path: &str) -> Response {
-        self.request("GET", path, &[], b"")
-    }
-
-    pub fn post_json(&self, path: &str, body: &Value) -> Response {
-        self.request(
-            "POST",
-            path,
-            &[("Content-Type", "application/json")],
-            body.to_string().as_bytes(),
-        )
-    }
-
-    pub fn request(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> Response {
-        let call = self.call(method, path, headers, body);
-        self.runtime.block_on(async { read(call.await).await })
     }
 
     /// Sends a request from a task of its own; [`Pending::join`] waits for its answer.
@@ -235,5 +211,12 @@ async fn read(response: axum::response::Response) -> Response {
         status,
         headers,
         body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+impl Requests for App {
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        let call = self.call(method, path, headers, body);
+        self.runtime.block_on(async { read(call.await).await })
     }
 }

@@ -93,30 +93,6 @@ impl Server {
         }
     }
 
-    pub fn get(&self, path: &str) -> Response {
-        self.request("GET", path, &[], b"")
-    }
-
-    pub fn post_json(&self, path: &str, body: &Value) -> Response {
-        self.request(
-            "POST",
-            path,
-            &[("Content-Type", "application/json")],
-            body.to_string().as_bytes(),
-        )
-    }
-
-    pub fn request(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> Response {
-        try_request(self.addr, method, path, headers, body)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}\nserver log:\n{}", self.log()))
-    }
-
     /// One sample of `/metrics` (a series without labels).
     pub fn metric(&self, name: &str) -> f64 {
         metric(&self.get("/metrics").body, name)
@@ -166,6 +142,32 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// One request and its whole response, to a spawned [`Server`] or an in-process
+/// [`app::App`]: the tests read the same either way.
+pub trait Requests {
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response;
+
+    fn get(&self, path: &str) -> Response {
+        self.request("GET", path, &[], b"")
+    }
+
+    fn post_json(&self, path: &str, body: &Value) -> Response {
+        self.request(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    }
+}
+
+impl Requests for Server {
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        try_request(self.addr, method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}\nserver log:\n{}", self.log()))
+    }
 }
 
 #[derive(Debug)]
