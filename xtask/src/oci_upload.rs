@@ -3,11 +3,15 @@
 //!
 //! Steps: upload to Object Storage (multipart, parts in parallel); import the object as a
 //! QCOW2 image in PARAVIRTUALIZED launch mode, the only one OCI supports for imported images on
-//! AMD shapes, and wait until it is AVAILABLE; set its firmware capability to UEFI_64 (both
-//! builders make UEFI-only disks, and an import defaults to BIOS); mark it compatible with the
-//! E2.1.Micro shape, which imported images are not by default. The image's OCID goes to stdout.
+//! AMD shapes; poll the image until it is AVAILABLE (`import from-object` has no wait options:
+//! oci-cli's compute_cli_extended.py excludes them from the command); set its firmware
+//! capability to UEFI_64 (both builders make UEFI-only disks, and an import defaults to BIOS);
+//! mark it compatible with the E2.1.Micro shape, which imported images are not by default;
+//! delete the uploaded object (it counts against the free tier's 20 GB of Object Storage)
+//! unless `--keep-object`. The image's OCID goes to stdout.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -34,6 +38,15 @@ pub struct OciUpload {
     /// OCI region, e.g. eu-frankfurt-1 [default: the CLI configuration's].
     #[arg(long)]
     region: Option<String>,
+    /// Keep the uploaded object in the bucket after a successful import [default: delete it].
+    #[arg(long)]
+    keep_object: bool,
+    /// Seconds between two looks at the importing image's state.
+    #[arg(long, default_value_t = 30)]
+    poll_interval: u64,
+    /// Give up waiting for the import after this many seconds.
+    #[arg(long, default_value_t = 7200)]
+    import_deadline: u64,
 }
 
 /// The Always-Free AMD shape the appliance is sized for.
@@ -41,8 +54,6 @@ const SHAPE: &str = "VM.Standard.E2.1.Micro";
 /// Multipart upload: 128 MiB parts, four at a time.
 const PART_SIZE_MIB: &str = "128";
 const PARALLEL_PARTS: &str = "4";
-/// An import of a few hundred MB takes minutes; the CLI's own limit is 20.
-const IMPORT_WAIT_SECONDS: &str = "7200";
 /// The image capability that makes OCI boot the image with UEFI firmware.
 const UEFI_FIRMWARE: &str = r#"{"Compute.Firmware":{"descriptorType":"enumstring","source":"IMAGE","defaultValue":"UEFI_64","values":["UEFI_64"]}}"#;
 /// The first bytes of every qcow2 file.
@@ -89,7 +100,7 @@ impl OciUpload {
             "--force",
         ])?;
 
-        step("import it as a QCOW2 custom image (PARAVIRTUALIZED) and wait until AVAILABLE");
+        step("import it as a QCOW2 custom image (PARAVIRTUALIZED)");
         let imported = oci.json(&[
             "compute",
             "image",
@@ -109,12 +120,15 @@ impl OciUpload {
             "QCOW2",
             "--launch-mode",
             "PARAVIRTUALIZED",
-            "--wait-for-state",
-            "AVAILABLE",
-            "--max-wait-seconds",
-            IMPORT_WAIT_SECONDS,
         ])?;
         let image_id = field(&imported, &["data", "id"])?;
+
+        step(&format!("wait until {image_id} is AVAILABLE"));
+        let wait = Wait {
+            interval: Duration::from_secs(self.poll_interval),
+            deadline: Duration::from_secs(self.import_deadline),
+        };
+        wait.until_available(&oci, &image_id)?;
 
         step("firmware UEFI_64");
         let schemas = oci.json(&["compute", "global-image-capability-schema", "list", "--all"])?;
@@ -143,6 +157,26 @@ impl OciUpload {
             "--shape-name",
             SHAPE,
         ])?;
+
+        if self.keep_object {
+            eprintln!("\nkept {bucket}/{object} (--keep-object)");
+        } else {
+            step(&format!(
+                "delete {bucket}/{object}: the image no longer needs it"
+            ));
+            oci.json(&[
+                "os",
+                "object",
+                "delete",
+                "--namespace",
+                &namespace,
+                "--bucket-name",
+                bucket,
+                "--name",
+                &object,
+                "--force",
+            ])?;
+        }
 
         eprintln!("\nimported {name}: launch a {SHAPE} from it (see the README)");
         println!("{image_id}");
@@ -179,6 +213,43 @@ fn default_name(image: &Path) -> Result<String> {
     Ok(file.strip_suffix(".qcow2").unwrap_or(file).to_owned())
 }
 
+/// How `oci-upload` waits for an import: OCI answers the import at once with the image in
+/// IMPORTING (then PROVISIONING), and it becomes AVAILABLE minutes later.
+struct Wait {
+    interval: Duration,
+    deadline: Duration,
+}
+
+impl Wait {
+    fn until_available(&self, oci: &Oci, image_id: &str) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let image = oci.json(&["compute", "image", "get", "--image-id", image_id])?;
+            let state = field(&image, &["data", "lifecycle-state"])?;
+            let waited = start.elapsed();
+            match state.as_str() {
+                "AVAILABLE" => return Ok(()),
+                "IMPORTING" | "PROVISIONING" if waited < self.deadline => {
+                    eprintln!("    {state} after {} s", waited.as_secs());
+                    std::thread::sleep(self.interval);
+                }
+                "IMPORTING" | "PROVISIONING" => bail!(
+                    "image {image_id} is still {state} after {} s (--import-deadline): OCI may \
+                     still finish it; watch it with `oci compute image get --image-id \
+                     {image_id}`, then set its firmware and shape by running oci-upload again \
+                     or by hand (see the README)",
+                    waited.as_secs()
+                ),
+                other => bail!(
+                    "the import of image {image_id} ended {other}, not AVAILABLE: see the work \
+                     request in the console (Compute > Custom images > {image_id}); a disk that \
+                     is not a valid qcow2 or exceeds the size limit fails this way"
+                ),
+            }
+        }
+    }
+}
+
 /// A string (or number) at `path` in the CLI's JSON output; numeric steps index arrays.
 fn field(json: &Value, path: &[&str]) -> Result<String> {
     let mut at = json;
@@ -203,6 +274,8 @@ fn field(json: &Value, path: &[&str]) -> Result<String> {
 struct Oci<'a> {
     sh: &'a Shell,
     region: Option<String>,
+    /// The configuration file (none with instance or resource principals), for the error hint.
+    config: Option<PathBuf>,
 }
 
 impl<'a> Oci<'a> {
@@ -220,6 +293,7 @@ impl<'a> Oci<'a> {
             );
         }
         // Instance and resource principals (OCI_CLI_AUTH) need no configuration file.
+        let mut checked = None;
         if sh.var_os("OCI_CLI_AUTH").is_none() {
             let config = match sh.var_os("OCI_CLI_CONFIG_FILE") {
                 Some(path) => PathBuf::from(path),
@@ -234,25 +308,38 @@ impl<'a> Oci<'a> {
                     config.display()
                 );
             }
+            checked = Some(config);
         }
-        Ok(Oci { sh, region })
+        Ok(Oci {
+            sh,
+            region,
+            config: checked,
+        })
     }
 
-    /// Runs `oci ARGS [--region R]` and parses its JSON answer (`null` when it prints none).
-    /// The CLI's own progress and errors go to stderr as they come.
+    /// Runs `oci ARGS --output json [--region R]` and parses its JSON answer (`null` when it
+    /// prints none). JSON is the CLI's default, but a user's oci_cli_rc can change it. The
+    /// CLI's own progress and errors go to stderr as they come.
     fn json(&self, args: &[&str]) -> Result<Value> {
         let region: Vec<&str> = match &self.region {
             Some(r) => vec!["--region", r],
             None => Vec::new(),
         };
         let sh = self.sh;
-        let out = cmd!(sh, "oci {args...} {region...}")
+        let out = cmd!(sh, "oci {args...} --output json {region...}")
             .read()
             .with_context(|| {
+                let repair = match &self.config {
+                    Some(config) => format!(
+                        "`oci setup repair-file-permissions --file {}` (and the same for the \
+                         key_file it names)",
+                        config.display()
+                    ),
+                    None => "OCI_CLI_AUTH and the instance's policies".to_owned(),
+                };
                 format!(
                     "`oci {}` failed (its message is above); if it cannot authenticate, check \
-                     the CLI's configuration with `oci setup repair-file-permissions` and `oci \
-                     iam region list`",
+                     the CLI's configuration with {repair} and `oci iam region list`",
                     args[..3.min(args.len())].join(" ")
                 )
             })?;

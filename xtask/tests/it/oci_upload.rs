@@ -1,6 +1,8 @@
-//! `cargo xtask oci-upload` against a fake `oci` on PATH that records every call and answers
-//! with canned JSON in the CLI's shapes: the exact argument lists, the OCID printed, and the
-//! errors when the CLI is missing or unconfigured or the image is not there.
+//! `cargo xtask oci-upload` against a strict fake `oci` on PATH (fake_oci.py): it accepts only
+//! the options the real CLI's commands have (exit 2, "No such option", as click does), records
+//! every call, and answers the import with IMPORTING, then PROVISIONING, then AVAILABLE after
+//! a few `image get` calls. The tests drive the whole flow and its errors: the CLI missing or
+//! unconfigured, the image not there, an import that fails or outlasts its deadline.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -30,36 +32,37 @@ impl Drop for Scratch {
 
 const IMAGE_ID: &str = "ocid1.image.oc1.eu-frankfurt-1.aaaatest";
 const COMPARTMENT: &str = "ocid1.compartment.oc1..aaaatest";
+const FAKE: &str = include_str!("fake_oci.py");
 
-/// A fake `oci` in `dir/bin` that appends its arguments, one per line and a `--end--` line per
-/// call, to `dir/calls`, and answers as the real CLI does (`--version` included).
+/// The Python interpreter itself (not a pyenv shim, which needs a PATH the tests take away).
+fn python() -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 runs the fake OCI CLI: install it (apt-get install python3)");
+    assert!(out.status.success(), "python3 -c failed");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// The fake `oci` in `dir/bin`; its log and state files are in `dir` (see `oci_upload`).
 fn fake_oci(dir: &Scratch) -> PathBuf {
     let bin = dir.path("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    let script = format!(
-        r#"#!/bin/sh
-for a in "$@"; do printf '%s\n' "$a"; done >> '{log}'
-echo --end-- >> '{log}'
-case "$1 $2 $3" in
-  "--version  ") echo 3.52.0 ;;
-  "os ns get") echo '{{"data": "axtestns"}}' ;;
-  "os object put") echo '{{"etag": "5b6d", "opc-multipart-md5": "x-2"}}' ;;
-  "compute image import") echo '{{"data": {{"id": "{IMAGE_ID}", "lifecycle-state": "AVAILABLE"}}}}' ;;
-  "compute global-image-capability-schema list")
-    echo '{{"data": [{{"id": "ocid1.computeglobalimgcapschema.oc1..g", "current-version-name": "c8b2-v3"}}]}}' ;;
-  "compute image-capability-schema create") echo '{{"data": {{"id": "ocid1.computeimgcapschema.oc1..s"}}}}' ;;
-  "compute image-shape-compatibility-entry add")
-    echo '{{"data": {{"image-id": "{IMAGE_ID}", "shape": "VM.Standard.E2.1.Micro"}}}}' ;;
-  *) echo "fake oci: unexpected call: $*" >&2; exit 2 ;;
-esac
-"#,
-        log = dir.path("calls").display()
-    );
     let oci = bin.join("oci");
-    std::fs::write(&oci, script).unwrap();
+    std::fs::write(&oci, format!("#!{}\n{FAKE}", python())).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&oci, std::fs::Permissions::from_mode(0o755)).unwrap();
     bin
+}
+
+/// Runs the fake directly with `args`.
+fn fake(dir: &Scratch, args: &[&str]) -> Output {
+    Command::new(fake_oci(dir).join("oci"))
+        .args(args)
+        .env("FAKE_OCI_LOG", dir.path("calls"))
+        .env("FAKE_OCI_STATE", dir.path("state.json"))
+        .output()
+        .unwrap()
 }
 
 /// The calls the fake recorded, each as its argument list.
@@ -93,11 +96,16 @@ fn configure(dir: &Scratch) {
     .unwrap();
 }
 
-/// `cargo xtask oci-upload ARGS` with `path` as PATH and the scratch home as HOME.
-fn oci_upload(dir: &Scratch, path: &Path, args: &[&str]) -> Output {
+/// `cargo xtask oci-upload ARGS --poll-interval 0` with `path` as PATH, the scratch home as
+/// HOME and the fake's files in the scratch directory; `env` goes to the fake.
+fn oci_upload(dir: &Scratch, path: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_xtask"))
         .arg("oci-upload")
         .args(args)
+        .args(["--poll-interval", "0"])
+        .envs(env.iter().copied())
+        .env("FAKE_OCI_LOG", dir.path("calls"))
+        .env("FAKE_OCI_STATE", dir.path("state.json"))
         .env("PATH", path)
         .env("HOME", dir.path("home"))
         .env_remove("OCI_CLI_AUTH")
@@ -108,6 +116,17 @@ fn oci_upload(dir: &Scratch, path: &Path, args: &[&str]) -> Output {
 
 /// `oci_upload` with the arguments every call needs (compartment, `bucket`, `image`), then `extra`.
 fn upload(dir: &Scratch, path: &Path, bucket: &str, image: &Path, extra: &[&str]) -> Output {
+    upload_env(dir, path, bucket, image, extra, &[])
+}
+
+fn upload_env(
+    dir: &Scratch,
+    path: &Path,
+    bucket: &str,
+    image: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
     let image = image.to_str().unwrap();
     let args = [
         "--compartment",
@@ -117,7 +136,7 @@ fn upload(dir: &Scratch, path: &Path, bucket: &str, image: &Path, extra: &[&str]
         "--image",
         image,
     ];
-    oci_upload(dir, path, &[&args[..], extra].concat())
+    oci_upload(dir, path, &[&args[..], extra].concat(), env)
 }
 
 fn words(s: &str) -> Vec<String> {
@@ -125,7 +144,7 @@ fn words(s: &str) -> Vec<String> {
 }
 
 #[test]
-fn uploads_imports_and_sets_firmware_and_shape() {
+fn uploads_imports_waits_for_available_then_sets_firmware_and_shape_and_deletes_the_object() {
     let dir = Scratch::new("full");
     let bin = fake_oci(&dir);
     configure(&dir);
@@ -144,8 +163,13 @@ fn uploads_imports_and_sets_firmware_and_shape() {
         String::from_utf8_lossy(&out.stdout),
         format!("{IMAGE_ID}\n")
     );
+    // The progress lines while it imports.
+    let imp = stderr.find("IMPORTING after").expect(&stderr);
+    let prov = stderr.find("PROVISIONING after").expect(&stderr);
+    assert!(imp < prov, "{stderr}");
 
-    let region = "--region eu-frankfurt-1";
+    // Every call asks for JSON explicitly, then names the region.
+    let tail = "--output json --region eu-frankfurt-1";
     let firmware = r#"{"Compute.Firmware":{"descriptorType":"enumstring","source":"IMAGE","defaultValue":"UEFI_64","values":["UEFI_64"]}}"#;
     let mut schema_call = words(&format!(
         "compute image-capability-schema create --compartment-id {COMPARTMENT} \
@@ -153,34 +177,144 @@ fn uploads_imports_and_sets_firmware_and_shape() {
          --schema-data"
     ));
     schema_call.push(firmware.to_owned());
-    schema_call.extend(words(region));
+    schema_call.extend(words(tail));
+    let get = words(&format!("compute image get --image-id {IMAGE_ID} {tail}"));
     let expected = vec![
         words("--version"),
-        words(&format!("os ns get {region}")),
+        words(&format!("os ns get {tail}")),
         words(&format!(
             "os object put --namespace axtestns --bucket-name images --name e2-micro.qcow2 \
-             --file {image} --part-size 128 --parallel-upload-count 4 --force {region}"
+             --file {image} --part-size 128 --parallel-upload-count 4 --force {tail}"
         )),
         words(&format!(
             "compute image import from-object --compartment-id {COMPARTMENT} \
              --namespace axtestns --bucket-name images --name e2-micro.qcow2 \
              --display-name e2-micro --source-image-type QCOW2 --launch-mode PARAVIRTUALIZED \
-             --wait-for-state AVAILABLE --max-wait-seconds 7200 {region}"
+             {tail}"
         )),
+        get.clone(),
+        get.clone(),
+        get,
         words(&format!(
-            "compute global-image-capability-schema list --all {region}"
+            "compute global-image-capability-schema list --all {tail}"
         )),
         schema_call,
         words(&format!(
             "compute image-shape-compatibility-entry add --image-id {IMAGE_ID} \
-             --shape-name VM.Standard.E2.1.Micro {region}"
+             --shape-name VM.Standard.E2.1.Micro {tail}"
+        )),
+        words(&format!(
+            "os object delete --namespace axtestns --bucket-name images --name e2-micro.qcow2 \
+             --force {tail}"
         )),
     ];
     assert_eq!(calls(&dir), expected);
 }
 
 #[test]
-fn name_sets_object_and_display_name_and_no_region_means_the_configured_one() {
+fn the_fake_refuses_what_the_real_cli_refuses() {
+    let dir = Scratch::new("strict");
+    // The wait options that import from-object lacks (oci-cli issue #399).
+    let out = fake(
+        &dir,
+        &words(&format!(
+            "compute image import from-object --compartment-id {COMPARTMENT} --namespace n \
+             --bucket-name b --name o --wait-for-state AVAILABLE"
+        ))
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("No such option: --wait-for-state"),
+        "{stderr}"
+    );
+    // A required option left out, and the generated name the extended command replaced.
+    let out = fake(&dir, &["compute", "image", "get"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Missing option '--image-id'"));
+    let out = fake(
+        &dir,
+        &[
+            "compute",
+            "image-capability-schema",
+            "create",
+            "--compute-global-image-capability-schema-version-name",
+            "v",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    // Root options go anywhere; a valued option needs its value.
+    let out = fake(
+        &dir,
+        &["os", "ns", "get", "--output", "json", "--region", "r"],
+    );
+    assert!(out.status.success());
+    let out = fake(&dir, &["os", "ns", "get", "--region"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_failed_import_names_its_state_and_the_image() {
+    let dir = Scratch::new("failed");
+    let bin = fake_oci(&dir);
+    configure(&dir);
+    let image = image(&dir, "e2-micro.qcow2");
+    let env = [("FAKE_OCI_IMPORT_END", "FAILED")];
+    let out = upload_env(&dir, &bin, "b", &image, &[], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("the import of image {IMAGE_ID} ended FAILED")),
+        "{stderr}"
+    );
+    // Nothing after the wait, and the object stays for a look.
+    let calls = calls(&dir);
+    assert_eq!(calls.last().unwrap()[..3], words("compute image get"));
+}
+
+#[test]
+fn an_import_past_its_deadline_names_the_state_and_the_image() {
+    let dir = Scratch::new("deadline");
+    let bin = fake_oci(&dir);
+    configure(&dir);
+    let image = image(&dir, "e2-micro.qcow2");
+    let env = [("FAKE_OCI_GETS_BEFORE_END", "never")];
+    let out = upload_env(&dir, &bin, "b", &image, &["--import-deadline", "0"], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("image {IMAGE_ID} is still IMPORTING after 0 s")),
+        "{stderr}"
+    );
+    assert_eq!(calls(&dir).last().unwrap()[..3], words("compute image get"));
+}
+
+#[test]
+fn a_cli_that_cannot_authenticate_gets_the_repair_hint_with_the_config_file() {
+    let dir = Scratch::new("auth");
+    let bin = fake_oci(&dir);
+    configure(&dir);
+    let image = image(&dir, "e2-micro.qcow2");
+    let env = [("FAKE_OCI_NOT_AUTHENTICATED", "1")];
+    let out = upload_env(&dir, &bin, "b", &image, &[], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let config = dir.path("home/.oci/config");
+    assert!(
+        stderr.contains(&format!(
+            "oci setup repair-file-permissions --file {}",
+            config.display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn name_sets_object_and_display_name_and_no_region_means_the_configured_one_and_keep_object_keeps_it(
+) {
     let dir = Scratch::new("named");
     let bin = fake_oci(&dir);
     configure(&dir);
@@ -190,7 +324,7 @@ fn name_sets_object_and_display_name_and_no_region_means_the_configured_one() {
         &bin,
         "b",
         &image,
-        &["--name", "llm-appliance-2026-11-30"],
+        &["--name", "llm-appliance-2026-11-30", "--keep-object"],
     );
     assert!(
         out.status.success(),
@@ -199,6 +333,9 @@ fn name_sets_object_and_display_name_and_no_region_means_the_configured_one() {
     );
     let calls = calls(&dir);
     assert!(calls.iter().all(|c| !c.contains(&"--region".to_owned())));
+    assert!(!calls
+        .iter()
+        .any(|c| c.starts_with(&words("os object delete"))));
     let import = &calls[3];
     let after = |flag: &str| {
         let i = import.iter().position(|a| a == flag).unwrap();
