@@ -1,6 +1,8 @@
-//! xtask's integration tests: the OCI upload against a stand-in CLI and the Nix package's source.
+//! xtask's integration tests: the OCI upload against a strict stand-in CLI, the Nix package's
+//! source, and the deploy/oci/ configuration against the OCI provider's documented names.
 //! `autotests = false`: every integration test of this crate is a module of this one binary,
 //! so the crate's dependencies are linked once.
 
+mod deploy_oci;
 mod nix_package;
 mod oci_upload;
