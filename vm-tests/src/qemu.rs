@@ -1,5 +1,6 @@
-//! One QEMU guest booting the appliance image the way OCI boots it: UEFI (OVMF), virtio disk and
-//! network, serial console, the profile's RAM. The one launcher: the VM suite and
+//! One QEMU guest booting the appliance image the way OCI boots it: UEFI (OVMF), the disk on
+//! virtio-scsi as an OCI paravirtualized boot volume is (/dev/sda), virtio network, serial
+//! console, the profile's RAM. The one launcher: the VM suite and
 //! `cargo xtask image --smoke` both start their guests here.
 //!
 //! TCG only: /dev/kvm exists on these machines but hangs every guest. `-snapshot` writes nothing
@@ -79,11 +80,19 @@ impl Vm {
             .arg(format!("if=pflash,format=raw,readonly=on,file={OVMF_CODE}"))
             .arg("-drive")
             .arg(format!("if=pflash,format=raw,file={}", vars.display()))
+            // The boot disk as OCI attaches a paravirtualized boot volume: a SCSI disk on a
+            // virtio-scsi controller, not virtio-blk. Both initramfs builders carry its drivers:
+            // Debian's initramfs-tools with its default MODULES=most copies all of
+            // kernel/drivers/scsi (virtio_scsi, sd_mod; hook-functions, class `scsi`), and
+            // NixOS's qemu-guest profile (imported by oci-common.nix) lists virtio_scsi beside
+            // the default sd_mod. Root is found by PARTUUID, so the device name does not matter.
+            .args(["-device", "virtio-scsi-pci,id=scsi0"])
             .arg("-drive")
             .arg(format!(
-                "if=virtio,format=qcow2,file={}",
+                "if=none,id=disk0,format=qcow2,file={}",
                 config.image.display()
             ))
+            .args(["-device", "scsi-hd,drive=disk0,bus=scsi0.0"])
             .args(["-snapshot", "-nographic", "-monitor", "none"])
             .args(["-netdev", &netdev, "-device", "virtio-net-pci,netdev=net0"])
             .arg("-serial")
