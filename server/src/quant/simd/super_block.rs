@@ -1,7 +1,7 @@
 //! llama.cpp's float orders for K-quant super-blocks (256 values) against Q8_K: a format says how
 //! its super-block's integer parts come out ([`K4Block`] for the Q4_K/Q5_K layout with scales
-//! and mins, [`ScaledBlock`] for the mins-free Q6_K and IQ4_XS); these sum them in the vec_dot
-//! or the tiled order.
+//! and mins, [`ScaledBlock`] for the mins-free Q6_K, Q3_K and IQ4_XS); these sum them in the
+//! vec_dot or the tiled order. The 16-value sub-blocks of Q2_K and Q3_K share [`Sub16Scales`].
 
 use std::arch::x86_64::*;
 
@@ -167,12 +167,39 @@ unsafe fn k4_tiled<B: K4Block>(w: &[B], a: &[BlockQ8K]) -> f32 {
     })
 }
 
+/// The sixteen scales of a super-block of 16-value sub-blocks (Q2_K, Q3_K) as ggml's AVX2 kernels
+/// hold them: the i16 scales of 128-value half h in both 128-bit lanes of `self.0[h]`.
+pub struct Sub16Scales([__m256i; 2]);
+
+impl Sub16Scales {
+    /// From the sixteen scales as signed bytes.
+    #[inline(always)]
+    pub unsafe fn new(scales: __m128i) -> Self {
+        let all = _mm256_cvtepi8_epi16(scales);
+        let (lo, hi) = (
+            _mm256_castsi256_si128(all),
+            _mm256_extracti128_si256(all, 1),
+        );
+        Sub16Scales([_mm256_set_m128i(lo, lo), _mm256_set_m128i(hi, hi)])
+    }
+
+    /// Eight i32 sums of `p16` (sixteen i16 products of one 32-value group: group g of half h,
+    /// sub-block 8h+2g in the low 128 bits, 8h+2g+1 in the high) times each sub-block's scale.
+    #[inline(always)]
+    pub unsafe fn apply(&self, h: usize, g: usize, p16: __m256i) -> __m256i {
+        // i16 lane 2g of the low 128 bits there, lane 2g+1 of the high ones here.
+        let lane = |k: usize| (((2 * k + 1) << 8) | (2 * k)) as i16;
+        let mask = _mm256_set_m128i(_mm_set1_epi16(lane(2 * g + 1)), _mm_set1_epi16(lane(2 * g)));
+        _mm256_madd_epi16(_mm256_shuffle_epi8(self.0[h], mask), p16)
+    }
+}
+
 /// The float order of ggml's tiled K-quant matmul (ggml-cpu/tiled, which llama.cpp uses instead
 /// of vec_dot when a matmul has at least 8 activation rows): each super-block's integer total is
 /// converted once and scaled by the weight's d (`block`), then one scalar FMA by the
 /// activation's d adds it to the output, super-block after super-block.
 #[inline(always)]
-unsafe fn tiled<B>(w: &[B], a: &[BlockQ8K], block: impl Fn(&B, &BlockQ8K) -> f32) -> f32 {
+pub unsafe fn tiled<B>(w: &[B], a: &[BlockQ8K], block: impl Fn(&B, &BlockQ8K) -> f32) -> f32 {
     let mut acc = 0.0f32;
     for (b, y) in w.iter().zip(a) {
         acc = block(b, y).mul_add(y.d(), acc);
