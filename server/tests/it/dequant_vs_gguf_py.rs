@@ -18,6 +18,7 @@ const FILES: &[&str] = &[
     "synth-llama-q4_1.gguf",
     "synth-llama-q5_0.gguf",
     "synth-llama-q5_1.gguf",
+    "synth-llama-q2_k.gguf",
     "synth-llama-q3_k_s.gguf",
     "synth-llama-q3_k_m.gguf",
     "synth-llama-q4_k_m.gguf",

@@ -219,6 +219,7 @@ synth_tests! {
     llama_q4_1 => "synth-llama-q4_1";
     llama_q5_0 => "synth-llama-q5_0";
     llama_q5_1 => "synth-llama-q5_1";
+    llama_q2_k => "synth-llama-q2_k";
     llama_q3_k_s => "synth-llama-q3_k_s";
     llama_q3_k_m => "synth-llama-q3_k_m";
     llama_q4_k_m => "synth-llama-q4_k_m";
