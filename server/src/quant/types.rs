@@ -21,7 +21,6 @@ const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
     (28, "f64"),
     (29, "iq1_m"),
     (34, "tq1_0"),
-    (35, "tq2_0"),
     (39, "mxfp4"),
 ];
 

@@ -24,6 +24,7 @@ const FILES: &[&str] = &[
     "synth-llama-q4_k_m.gguf",
     "synth-llama-q5_k_m.gguf",
     "synth-llama-q6_k.gguf",
+    "synth-llama-tq2_0.gguf",
     "synth-llama-iq4_nl.gguf",
     "synth-llama-iq4_xs.gguf",
 ];

@@ -223,3 +223,27 @@ pub unsafe fn scaled_dot<B: ScaledBlock>(w: &[B], a: &[BlockQ8K], order: DotOrde
         }
     }
 }
+
+/// The ternary types' order (TQ1_0, TQ2_0; ggml's AVX2 `ggml_vec_dot_tq{1,2}_0_q8_K`): `codes`
+/// gives a super-block's f16 d and the dot of its codes (values + 1) with the activations as
+/// sixteen i16 lanes, pairs of bytes in element order; the activation's sixteen bsums are
+/// subtracted lane by lane (removing the +1), the pairs widened to eight i32 lanes, and one FMA
+/// by `d·d_a` per super-block adds them to eight float lanes.
+#[inline(always)]
+pub unsafe fn ternary_dot<B>(
+    w: &[B],
+    a: &[BlockQ8K],
+    codes: impl Fn(&B, &BlockQ8K) -> ([u8; 2], __m256i),
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, y) in w.iter().zip(a) {
+        let (d, sum16) = codes(b, y);
+        let sum16 = _mm256_sub_epi16(sum16, load256(y.bsums.as_ptr()));
+        let sumi = _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
+        // ggml writes `sum + cvt(sumi)·d` as a multiply and an add; the x86-64-v3 build fuses
+        // them (of the two, the FMA is the one nearer llama.cpp's logits).
+        let d = _mm256_set1_ps(y.d() * f16_to_f32(d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+    }
+    hsum(acc)
+}
