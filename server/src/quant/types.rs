@@ -20,7 +20,6 @@ const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
     (27, "i64"),
     (28, "f64"),
     (29, "iq1_m"),
-    (34, "tq1_0"),
     (39, "mxfp4"),
 ];
 

@@ -25,6 +25,7 @@ const FILES: &[&str] = &[
     "synth-llama-q5_k_m.gguf",
     "synth-llama-q6_k.gguf",
     "synth-llama-tq2_0.gguf",
+    "synth-llama-tq1_0.gguf",
     "synth-llama-iq4_nl.gguf",
     "synth-llama-iq4_xs.gguf",
 ];
