@@ -12,7 +12,6 @@ const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
     (17, "iq2_xs"),
     (18, "iq3_xxs"),
     (19, "iq1_s"),
-    (21, "iq3_s"),
     (22, "iq2_s"),
     (24, "i8"),
     (25, "i16"),

@@ -26,6 +26,7 @@ const FILES: &[&str] = &[
     "synth-llama-q6_k.gguf",
     "synth-llama-tq2_0.gguf",
     "synth-llama-tq1_0.gguf",
+    "synth-llama-iq3_s.gguf",
     "synth-llama-iq4_nl.gguf",
     "synth-llama-iq4_xs.gguf",
 ];

@@ -227,6 +227,7 @@ synth_tests! {
     llama_q6_k => "synth-llama-q6_k";
     llama_tq2_0 => "synth-llama-tq2_0";
     llama_tq1_0 => "synth-llama-tq1_0";
+    llama_iq3_s => "synth-llama-iq3_s";
     llama_iq4_nl => "synth-llama-iq4_nl";
     llama_iq4_xs => "synth-llama-iq4_xs";
     qwen2_f32 => "synth-qwen2-f32";
