@@ -17,7 +17,7 @@
 //! None of the traits' items has a default, so a format lacking a kernel, a reference or a
 //! quantiser does not compile, rather than falling back silently. (A type ggml has that we did
 //! not implement is also named in `types.rs` for error messages; a test fails while a row
-//! still is.) Q4_1 and Q8_1 were added this way.
+//! still is.) Q4_1 and Q8_1 were added this way, then Q5_1, Q3_K, Q2_K, TQ2_0, TQ1_0 and IQ3_S.
 
 /// Items compiled only for x86-64-v3 (AVX2, FMA, F16C: the workspace's target); elsewhere the
 /// scalar references stand in for the kernels.
@@ -58,10 +58,16 @@ formats! {
         Q4_0   =  2,  "q4_0",    q4_0::Q4_0,      q8_0::Q8_0,   [Repacked];
         Q4_1   =  3,  "q4_1",    q4_1::Q4_1,      q8_1::Q8_1,   [];
         Q5_0   =  6,  "q5_0",    q5_0::Q5_0,      q8_0::Q8_0,   [];
+        Q5_1   =  7,  "q5_1",    q5_1::Q5_1,      q8_1::Q8_1,   [];
         Q8_0   =  8,  "q8_0",    q8_0::Q8_0,      q8_0::Q8_0,   [];
+        Q2_K   = 10,  "q2_K",    q2_k::Q2K,       q8_k::Q8K,    [Tiled];
+        Q3_K   = 11,  "q3_K",    q3_k::Q3K,       q8_k::Q8K,    [Tiled];
         Q4_K   = 12,  "q4_K",    q4_k::Q4K,       q8_k::Q8K,    [Repacked, Tiled];
         Q5_K   = 13,  "q5_K",    q5_k::Q5K,       q8_k::Q8K,    [Tiled];
         Q6_K   = 14,  "q6_K",    q6_k::Q6K,       q8_k::Q8K,    [Tiled];
+        TQ1_0  = 34,  "tq1_0",   tq1_0::Tq1_0,    q8_k::Q8K,    [];
+        TQ2_0  = 35,  "tq2_0",   tq2_0::Tq2_0,    q8_k::Q8K,    [];
+        IQ3_S  = 21,  "iq3_s",   iq3_s::Iq3S,     q8_k::Q8K,    [Tiled];
         IQ4_NL = 20,  "iq4_nl",  iq4_nl::Iq4Nl,   q8_0::Q8_0,   [Repacked];
         IQ4_XS = 23,  "iq4_xs",  iq4_xs::Iq4Xs,   q8_k::Q8K,    [Tiled];
     }

@@ -309,7 +309,9 @@ fn dot_orders_are_llama_cpp_s() {
         for (rows, act_rows) in [(8, 1), (8, 8), (12, 1), (12, 8), (16, 7)] {
             let want = match w {
                 Q4_0 | Q4_K | IQ4_NL if rows % 8 == 0 => DotOrder::Repacked,
-                Q4_K | Q5_K | Q6_K | IQ4_XS if act_rows >= 8 => DotOrder::Tiled,
+                Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ3_S | IQ4_XS if act_rows >= 8 => {
+                    DotOrder::Tiled
+                }
                 _ => DotOrder::VecDot,
             };
             assert_eq!(

@@ -218,9 +218,16 @@ synth_tests! {
     llama_q4_0 => "synth-llama-q4_0";
     llama_q4_1 => "synth-llama-q4_1";
     llama_q5_0 => "synth-llama-q5_0";
+    llama_q5_1 => "synth-llama-q5_1";
+    llama_q2_k => "synth-llama-q2_k";
+    llama_q3_k_s => "synth-llama-q3_k_s";
+    llama_q3_k_m => "synth-llama-q3_k_m";
     llama_q4_k_m => "synth-llama-q4_k_m";
     llama_q5_k_m => "synth-llama-q5_k_m";
     llama_q6_k => "synth-llama-q6_k";
+    llama_tq2_0 => "synth-llama-tq2_0";
+    llama_tq1_0 => "synth-llama-tq1_0";
+    llama_iq3_s => "synth-llama-iq3_s";
     llama_iq4_nl => "synth-llama-iq4_nl";
     llama_iq4_xs => "synth-llama-iq4_xs";
     qwen2_f32 => "synth-qwen2-f32";

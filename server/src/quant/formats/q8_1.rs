@@ -1,5 +1,5 @@
 //! Q8_1: Q8_0 plus the block's sum `s = d·Σq`, the activation format of weights with an offset
-//! (Q4_1), whose dot takes the offset's product from `s` instead of from the quants.
+//! (Q4_1, Q5_1), whose dot takes the offset's product from `s` instead of from the quants.
 
 use std::mem::offset_of;
 

@@ -1,7 +1,7 @@
 //! llama.cpp's float orders for K-quant super-blocks (256 values) against Q8_K: a format says how
 //! its super-block's integer parts come out ([`K4Block`] for the Q4_K/Q5_K layout with scales
-//! and mins, [`ScaledBlock`] for the mins-free Q6_K and IQ4_XS); these sum them in the vec_dot
-//! or the tiled order.
+//! and mins, [`ScaledBlock`] for the mins-free Q6_K, Q3_K and IQ4_XS); these sum them in the
+//! vec_dot or the tiled order. The 16-value sub-blocks of Q2_K and Q3_K share [`Sub16Scales`].
 
 use std::arch::x86_64::*;
 
@@ -167,12 +167,39 @@ unsafe fn k4_tiled<B: K4Block>(w: &[B], a: &[BlockQ8K]) -> f32 {
     })
 }
 
+/// The sixteen scales of a super-block of 16-value sub-blocks (Q2_K, Q3_K) as ggml's AVX2 kernels
+/// hold them: the i16 scales of 128-value half h in both 128-bit lanes of `self.0[h]`.
+pub struct Sub16Scales([__m256i; 2]);
+
+impl Sub16Scales {
+    /// From the sixteen scales as signed bytes.
+    #[inline(always)]
+    pub unsafe fn new(scales: __m128i) -> Self {
+        let all = _mm256_cvtepi8_epi16(scales);
+        let (lo, hi) = (
+            _mm256_castsi256_si128(all),
+            _mm256_extracti128_si256(all, 1),
+        );
+        Sub16Scales([_mm256_set_m128i(lo, lo), _mm256_set_m128i(hi, hi)])
+    }
+
+    /// Eight i32 sums of `p16` (sixteen i16 products of one 32-value group: group g of half h,
+    /// sub-block 8h+2g in the low 128 bits, 8h+2g+1 in the high) times each sub-block's scale.
+    #[inline(always)]
+    pub unsafe fn apply(&self, h: usize, g: usize, p16: __m256i) -> __m256i {
+        // i16 lane 2g of the low 128 bits there, lane 2g+1 of the high ones here.
+        let lane = |k: usize| (((2 * k + 1) << 8) | (2 * k)) as i16;
+        let mask = _mm256_set_m128i(_mm_set1_epi16(lane(2 * g + 1)), _mm_set1_epi16(lane(2 * g)));
+        _mm256_madd_epi16(_mm256_shuffle_epi8(self.0[h], mask), p16)
+    }
+}
+
 /// The float order of ggml's tiled K-quant matmul (ggml-cpu/tiled, which llama.cpp uses instead
 /// of vec_dot when a matmul has at least 8 activation rows): each super-block's integer total is
 /// converted once and scaled by the weight's d (`block`), then one scalar FMA by the
 /// activation's d adds it to the output, super-block after super-block.
 #[inline(always)]
-unsafe fn tiled<B>(w: &[B], a: &[BlockQ8K], block: impl Fn(&B, &BlockQ8K) -> f32) -> f32 {
+pub unsafe fn tiled<B>(w: &[B], a: &[BlockQ8K], block: impl Fn(&B, &BlockQ8K) -> f32) -> f32 {
     let mut acc = 0.0f32;
     for (b, y) in w.iter().zip(a) {
         acc = block(b, y).mul_add(y.d(), acc);
@@ -195,4 +222,28 @@ pub unsafe fn scaled_dot<B: ScaledBlock>(w: &[B], a: &[BlockQ8K], order: DotOrde
             hsum(acc)
         }
     }
+}
+
+/// The ternary types' order (TQ1_0, TQ2_0; ggml's AVX2 `ggml_vec_dot_tq{1,2}_0_q8_K`): `codes`
+/// gives a super-block's f16 d and the dot of its codes (values + 1) with the activations as
+/// sixteen i16 lanes, pairs of bytes in element order; the activation's sixteen bsums are
+/// subtracted lane by lane (removing the +1), the pairs widened to eight i32 lanes, and one FMA
+/// by `d·d_a` per super-block adds them to eight float lanes.
+#[inline(always)]
+pub unsafe fn ternary_dot<B>(
+    w: &[B],
+    a: &[BlockQ8K],
+    codes: impl Fn(&B, &BlockQ8K) -> ([u8; 2], __m256i),
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, y) in w.iter().zip(a) {
+        let (d, sum16) = codes(b, y);
+        let sum16 = _mm256_sub_epi16(sum16, load256(y.bsums.as_ptr()));
+        let sumi = _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
+        // ggml writes `sum + cvt(sumi)·d` as a multiply and an add; the x86-64-v3 build fuses
+        // them (of the two, the FMA is the one nearer llama.cpp's logits).
+        let d = _mm256_set1_ps(y.d() * f16_to_f32(d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+    }
+    hsum(acc)
 }
