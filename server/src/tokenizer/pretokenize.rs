@@ -16,12 +16,20 @@ pub enum PreTokenizer {
     /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
     Gpt2,
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}|
-    /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` (Llama 3: 3 digits; Qwen2: 1)
-    Llama3 { max_digits: usize },
+    /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` (Llama 3: 3 digits; Qwen2: 1).
+    /// With `marks` (Qwen3.5), combining marks join letters: `[\p{L}\p{M}]+` for `\p{L}+`, and
+    /// the punctuation run excludes `\p{M}`.
+    Llama3 { max_digits: usize, marks: bool },
     /// llama.cpp's fallback for BPE vocabularies without a known pre-tokenizer, four regexes
     /// applied in turn, each splitting the pieces of the previous one:
     /// `[\p{P}\$\+<=>\^~\|]+`, then GPT-2's, then `\p{N}+`, then `[0-9][0-9][0-9]`.
     Default,
+    /// Falcon: `[\p{P}\$\+<=>\^~\|`]+`, then GPT-2's, then `[0-9][0-9][0-9]`.
+    Falcon,
+    /// StarCoder, Refact, SmolLM and others: `\p{N}` (each digit alone), then GPT-2's.
+    DigitsThenGpt2,
+    /// DeepSeek Coder: `[\r\n]`, `\s?\p{L}+`, `\s?\p{P}+`, `[一-龥ࠀ-一가-퟿]+`, `\p{N}`.
+    DeepseekCoder,
 }
 
 /// Class bits of one character. `IN_TEXT` marks a real character, so that positions past the
@@ -30,6 +38,10 @@ const LETTER: u8 = 1;
 const NUMBER: u8 = 2;
 const SPACE: u8 = 4;
 const IN_TEXT: u8 = 8;
+/// `\p{M}` (combining marks).
+const MARK: u8 = 16;
+/// `\p{P}` (punctuation; in ASCII, `$+<=>^`|~` are symbols, not punctuation).
+const PUNCT: u8 = 32;
 
 fn classify(c: char) -> u8 {
     let class = if c.is_ascii_alphabetic() {
@@ -39,6 +51,10 @@ fn classify(c: char) -> u8 {
     } else if c.is_ascii() {
         if matches!(c, ' ' | '\t'..='\r') {
             SPACE
+        } else if c.is_ascii_punctuation()
+            && !matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '`' | '|' | '~')
+        {
+            PUNCT
         } else {
             0
         }
@@ -46,6 +62,8 @@ fn classify(c: char) -> u8 {
         let group = match c.general_category_group() {
             GeneralCategoryGroup::Letter => LETTER,
             GeneralCategoryGroup::Number => NUMBER,
+            GeneralCategoryGroup::Mark => MARK,
+            GeneralCategoryGroup::Punctuation => PUNCT,
             _ => 0,
         };
         // Unicode White_Space, as llama.cpp's `unicode_set_whitespace`.
@@ -147,20 +165,44 @@ impl PreTokenizer {
         let chars = Chars {
             chars: &scratch.chars,
         };
+        let ends = &mut scratch.ends;
+        let tmp = &mut scratch.tmp;
         match *self {
-            PreTokenizer::Gpt2 => split_gpt2(&chars, &mut scratch.ends),
-            PreTokenizer::Llama3 { max_digits } => {
-                split_llama3(&chars, max_digits, &mut scratch.ends)
+            PreTokenizer::Gpt2 => split_gpt2(&chars, ends),
+            PreTokenizer::Llama3 { max_digits, marks } => {
+                split_llama3(&chars, max_digits, marks, ends)
             }
             PreTokenizer::Default => {
-                let ends = &mut scratch.ends;
-                let tmp = &mut scratch.tmp;
                 split_runs(&chars, |c| is_default_punct(c.c), ends);
                 refine(&chars, ends, tmp, split_gpt2);
                 refine(&chars, ends, tmp, |t, e| {
                     split_runs(t, |c| c.class & NUMBER != 0, e)
                 });
                 refine(&chars, ends, tmp, split_digit_triples);
+            }
+            PreTokenizer::Falcon => {
+                split_runs(&chars, |c| is_default_punct(c.c) || c.c == '`', ends);
+                refine(&chars, ends, tmp, split_gpt2);
+                refine(&chars, ends, tmp, split_digit_triples);
+            }
+            PreTokenizer::DigitsThenGpt2 => {
+                split_matches(&chars, |t, pos| t.is(pos, NUMBER) as usize, ends);
+                refine(&chars, ends, tmp, split_gpt2);
+            }
+            PreTokenizer::DeepseekCoder => {
+                split_matches(&chars, |t, pos| t.is_cr_lf(pos) as usize, ends);
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(t, |t, pos| space_then_run(t, pos, LETTER), e)
+                });
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(t, |t, pos| space_then_run(t, pos, PUNCT), e)
+                });
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(t, |t, pos| run_len(t, pos, is_cjk), e)
+                });
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(t, |t, pos| t.is(pos, NUMBER) as usize, e)
+                });
             }
         }
         let byte_at = |pos: usize| scratch.chars.get(pos).map_or(text.len(), |c| c.at as usize);
@@ -228,8 +270,14 @@ fn is_other(class: u8) -> bool {
     class & (SPACE | LETTER | NUMBER) == 0 && class & IN_TEXT != 0
 }
 
-fn split_llama3(t: &Chars, max_digits: usize, ends: &mut Vec<usize>) {
+fn split_llama3(t: &Chars, max_digits: usize, marks: bool, ends: &mut Vec<usize>) {
     let len = t.chars.len();
+    let (word, mark) = if marks {
+        (LETTER | MARK, MARK)
+    } else {
+        (LETTER, 0)
+    };
+    let other = |class: u8| is_other(class) && class & mark == 0;
     let mut words = Words { ends, prev: 0 };
     let mut pos = 0;
     while pos < len {
@@ -240,11 +288,10 @@ fn split_llama3(t: &Chars, max_digits: usize, ends: &mut Vec<usize>) {
             continue;
         }
         let class = t.class(pos);
-        // `[^\r\n\p{L}\p{N}]?\p{L}+`
-        if !t.is_cr_lf(pos) && class & NUMBER == 0 && (class & LETTER != 0 || t.is(pos + 1, LETTER))
-        {
+        // `[^\r\n\p{L}\p{N}]?\p{L}+` (`[\p{L}\p{M}]+` with marks)
+        if !t.is_cr_lf(pos) && class & NUMBER == 0 && (class & word != 0 || t.is(pos + 1, word)) {
             pos += 1;
-            while t.is(pos, LETTER) {
+            while t.is(pos, word) {
                 pos += 1;
             }
             words.end_at(pos);
@@ -266,9 +313,9 @@ fn split_llama3(t: &Chars, max_digits: usize, ends: &mut Vec<usize>) {
         // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
         let space = t.char(pos) == Some(' ');
         let next = if space { t.class(pos + 1) } else { class };
-        if next & (SPACE | LETTER | NUMBER) == 0 {
+        if next & (SPACE | LETTER | NUMBER | mark) == 0 {
             pos += space as usize;
-            while is_other(t.class(pos)) {
+            while other(t.class(pos)) {
                 pos += 1;
             }
             while t.is_cr_lf(pos) {
@@ -326,6 +373,48 @@ fn split_runs(t: &Chars, in_run: impl Fn(&Char) -> bool, ends: &mut Vec<usize>) 
     }
 }
 
+/// The leftmost matches of a regex and the gaps between them: `match_len(t, pos)` is the length
+/// of the (greedy) match starting at `pos`, 0 for none.
+fn split_matches(t: &Chars, match_len: impl Fn(&Chars, usize) -> usize, ends: &mut Vec<usize>) {
+    let mut words = Words { ends, prev: 0 };
+    let mut pos = 0;
+    while pos < t.chars.len() {
+        match match_len(t, pos) {
+            0 => pos += 1,
+            n => {
+                words.end_at(pos);
+                pos += n;
+                words.end_at(pos);
+            }
+        }
+    }
+    words.end_at(t.chars.len());
+}
+
+/// `\s?X+` at `pos`, where X is the class `bits`: its length, or 0.
+fn space_then_run(t: &Chars, pos: usize, bits: u8) -> usize {
+    let start = if t.is(pos, SPACE) && t.is(pos + 1, bits) {
+        pos + 1
+    } else {
+        pos
+    };
+    match run_len(t, start, |c| c.class & bits != 0) {
+        0 => 0,
+        n => start - pos + n,
+    }
+}
+
+/// Length of the run of characters matching `f` at `pos`.
+fn run_len(t: &Chars, pos: usize, f: impl Fn(&Char) -> bool) -> usize {
+    t.chars[pos..].iter().take_while(|c| f(c)).count()
+}
+
+/// `[一-龥ࠀ-一가-퟿]`: the ranges DeepSeek's regexes give for CJK ideographs and Hangul.
+fn is_cjk(c: &Char) -> bool {
+    // U+4E00..U+9FA5 and U+0800..U+4E00 overlap: one range.
+    matches!(c.c, '\u{0800}'..='\u{9fa5}' | '\u{ac00}'..='\u{d7ff}')
+}
+
 /// `[0-9][0-9][0-9]`: leftmost triples of ASCII digits, and the gaps between them.
 fn split_digit_triples(t: &Chars, ends: &mut Vec<usize>) {
     let digit = |pos| t.char(pos).is_some_and(|c| c.is_ascii_digit());
@@ -379,7 +468,10 @@ mod tests {
 
     #[test]
     fn llama3_splits_like_its_regex() {
-        let pre = PreTokenizer::Llama3 { max_digits: 3 };
+        let pre = PreTokenizer::Llama3 {
+            max_digits: 3,
+            marks: false,
+        };
         assert_eq!(
             words(pre, "Hello, y'all! I'M 12345 ok\n\n  x  "),
             [
@@ -391,7 +483,10 @@ mod tests {
 
     #[test]
     fn qwen2_takes_digits_one_at_a_time() {
-        let pre = PreTokenizer::Llama3 { max_digits: 1 };
+        let pre = PreTokenizer::Llama3 {
+            max_digits: 1,
+            marks: false,
+        };
         assert_eq!(words(pre, "a 123"), ["a", " ", "1", "2", "3"]);
     }
 

@@ -74,18 +74,21 @@ fn synth_models_golden_tokenize_cases() {
     );
 }
 
+/// llama.cpp's SPM vocabularies with test vectors: Llama 2 and Phi-3 (pre-tokenizer `default`).
 #[test]
-fn llama_spm_vocab_all_cases() {
-    let (tok, cases) = vocab_cases("llama-spm");
-    assert_eq!(cases.len(), 46);
-    let failures = vocab_failures(&tok, &cases);
-    assert!(
-        failures.is_empty(),
-        "{} of {} failed:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+fn spm_vocab_all_cases() {
+    for vocab in ["llama-spm", "phi-3"] {
+        let (tok, cases) = vocab_cases(vocab);
+        assert_eq!(cases.len(), 46, "{vocab}");
+        let failures = vocab_failures(&tok, &cases);
+        assert!(
+            failures.is_empty(),
+            "{vocab}: {} of {} failed:\n{}",
+            failures.len(),
+            cases.len(),
+            failures.join("\n")
+        );
+    }
 }
 
 #[test]
