@@ -190,6 +190,7 @@ const PRE_TOKENIZERS: &[PreTokenizerName] = &[
     pre("mellum2", PreTokenizer::DigitsThenGpt2),
     pre("falcon", PreTokenizer::Falcon),
     pre("deepseek-coder", PreTokenizer::DeepseekCoder),
+    pre("deepseek-llm", PreTokenizer::DeepseekLlm),
 ];
 
 const fn llama3(name: &'static str) -> PreTokenizerName {
@@ -204,7 +205,6 @@ const fn llama3(name: &'static str) -> PreTokenizerName {
 /// Names llama.cpp knows (same source) whose regexes, normalisation or extra tokens this engine
 /// does not implement: refused, with the list of those it runs.
 const REFUSED_PRE_TOKENIZERS: &[&str] = &[
-    "deepseek-llm",
     "deepseek-v3",
     "minicpm5",
     "spark2_5",

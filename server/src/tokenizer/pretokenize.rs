@@ -30,7 +30,18 @@ pub enum PreTokenizer {
     DigitsThenGpt2,
     /// DeepSeek Coder: `[\r\n]`, `\s?\p{L}+`, `\s?\p{P}+`, `[一-龥ࠀ-一가-퟿]+`, `\p{N}`.
     DeepseekCoder,
+    /// DeepSeek LLM: `[\r\n]`, `\s?[<letters>]+`, `\s?[<punctuation>]+`, `\s+$`,
+    /// `[一-龥ࠀ-一가-퟿]+`, `\p{N}+`, with the explicit ranges of [`DEEPSEEK_LLM_LETTERS`] and
+    /// [`DEEPSEEK_LLM_PUNCT`].
+    DeepseekLlm,
 }
+
+/// The letter class of DeepSeek LLM's second regex, as ranges `a-b` and single characters
+/// (llama.cpp's `llm_tokenizer_bpe`, case `LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM`).
+const DEEPSEEK_LLM_LETTERS: &str = "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃";
+
+/// The punctuation class of DeepSeek LLM's third regex (same source).
+const DEEPSEEK_LLM_PUNCT: &str = "!-/:-~！-／：-～‘-‟　-。";
 
 /// Class bits of one character. `IN_TEXT` marks a real character, so that positions past the
 /// end (no bits) never match a class, as llama.cpp's `OUT_OF_RANGE` flags.
@@ -192,16 +203,69 @@ impl PreTokenizer {
             PreTokenizer::DeepseekCoder => {
                 split_matches(&chars, |t, pos| t.is_cr_lf(pos) as usize, ends);
                 refine(&chars, ends, tmp, |t, e| {
-                    split_matches(t, |t, pos| space_then_run(t, pos, LETTER), e)
+                    split_matches(
+                        t,
+                        |t, pos| space_then_run(t, pos, |c| c.class & LETTER != 0),
+                        e,
+                    )
                 });
                 refine(&chars, ends, tmp, |t, e| {
-                    split_matches(t, |t, pos| space_then_run(t, pos, PUNCT), e)
+                    split_matches(
+                        t,
+                        |t, pos| space_then_run(t, pos, |c| c.class & PUNCT != 0),
+                        e,
+                    )
                 });
                 refine(&chars, ends, tmp, |t, e| {
                     split_matches(t, |t, pos| run_len(t, pos, is_cjk), e)
                 });
                 refine(&chars, ends, tmp, |t, e| {
                     split_matches(t, |t, pos| t.is(pos, NUMBER) as usize, e)
+                });
+            }
+            PreTokenizer::DeepseekLlm => {
+                // llama.cpp runs the regexes without `\p{..}` with std::wregex on the text, where
+                // a non-ASCII space has been replaced by U+000B: it matches `\s`, no range.
+                let in_class = |ranges: &'static str| {
+                    move |c: &Char| {
+                        (c.c.is_ascii() || c.class & SPACE == 0) && in_ranges(ranges, c.c)
+                    }
+                };
+                split_matches(&chars, |t, pos| t.is_cr_lf(pos) as usize, ends);
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(
+                        t,
+                        |t, pos| space_then_run(t, pos, in_class(DEEPSEEK_LLM_LETTERS)),
+                        e,
+                    )
+                });
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(
+                        t,
+                        |t, pos| space_then_run(t, pos, in_class(DEEPSEEK_LLM_PUNCT)),
+                        e,
+                    )
+                });
+                // `\s+$`: the whitespace that ends a piece.
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(
+                        t,
+                        |t, pos| {
+                            let n = run_len(t, pos, |c| c.class & SPACE != 0);
+                            if pos + n == t.chars.len() {
+                                n
+                            } else {
+                                0
+                            }
+                        },
+                        e,
+                    )
+                });
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(t, |t, pos| run_len(t, pos, is_cjk), e)
+                });
+                refine(&chars, ends, tmp, |t, e| {
+                    split_matches(t, |t, pos| run_len(t, pos, |c| c.class & NUMBER != 0), e)
                 });
             }
         }
@@ -391,21 +455,42 @@ fn split_matches(t: &Chars, match_len: impl Fn(&Chars, usize) -> usize, ends: &m
     words.end_at(t.chars.len());
 }
 
-/// `\s?X+` at `pos`, where X is the class `bits`: its length, or 0.
-fn space_then_run(t: &Chars, pos: usize, bits: u8) -> usize {
-    let start = if t.is(pos, SPACE) && t.is(pos + 1, bits) {
+/// `\s?X+` at `pos`, where `in_x` is the class X: its length, or 0.
+fn space_then_run(t: &Chars, pos: usize, in_x: impl Fn(&Char) -> bool) -> usize {
+    let x_at = |p: usize| t.chars.get(p).is_some_and(&in_x);
+    let start = if t.is(pos, SPACE) && !x_at(pos) && x_at(pos + 1) {
         pos + 1
     } else {
         pos
     };
-    match run_len(t, start, |c| c.class & bits != 0) {
+    match run_len(t, start, &in_x) {
         0 => 0,
         n => start - pos + n,
     }
 }
 
+/// Whether `c` is in a regex class body of ranges `a-b` and single characters.
+fn in_ranges(ranges: &str, c: char) -> bool {
+    let mut it = ranges.chars().peekable();
+    while let Some(lo) = it.next() {
+        let hi = if it.peek() == Some(&'-') {
+            it.next();
+            it.next().unwrap_or(lo)
+        } else {
+            lo
+        };
+        if (lo..=hi).contains(&c) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Length of the run of characters matching `f` at `pos`.
 fn run_len(t: &Chars, pos: usize, f: impl Fn(&Char) -> bool) -> usize {
+    if pos >= t.chars.len() {
+        return 0;
+    }
     t.chars[pos..].iter().take_while(|c| f(c)).count()
 }
 

@@ -12,6 +12,7 @@ const VOCABS: &[&str] = &[
     "qwen2",
     "gpt-2",
     "deepseek-coder",
+    "deepseek-llm",
     "falcon",
     "mpt",
     "refact",
