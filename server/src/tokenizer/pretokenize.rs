@@ -1,11 +1,14 @@
 //! Pre-tokenizers of byte-level BPE vocabularies: the regexes named by `tokenizer.ggml.pre`,
-//! as llama.cpp runs them (`src/unicode.cpp`). llama.cpp matches the GPT-2 and Llama 3 regexes
-//! with hand-written scanners (`unicode_regex_split_custom_gpt2/llama3`), whose decisions are
-//! reproduced here step by step; Qwen2's regex differs from Llama 3's only in taking digits one
-//! at a time (`\p{N}` instead of `\p{N}{1,3}`), so it is the Llama 3 scanner with a run of 1.
+//! as llama.cpp runs them (`src/unicode.cpp`, `unicode_regex_split`). llama.cpp matches the
+//! GPT-2 and Llama 3 regexes with hand-written scanners (`unicode_regex_split_custom_gpt2/llama3`),
+//! whose decisions are reproduced here step by step; Qwen2's regex differs from Llama 3's only in
+//! taking digits one at a time (`\p{N}` instead of `\p{N}{1,3}`), so it is the Llama 3 scanner
+//! with a run of 1, and Qwen3.5's also lets combining marks join letters. The other families are
+//! lists of simple regexes applied in turn, each splitting the pieces of the previous one into its
+//! matches and the gaps between them.
 //!
-//! Unicode classes follow llama.cpp's table: `\p{L}` and `\p{N}` are the general-category
-//! groups; `\s` is the White_Space list below.
+//! Unicode classes follow llama.cpp's table: `\p{L}`, `\p{N}`, `\p{M}` and `\p{P}` are the
+//! general-category groups; `\s` is the White_Space list below.
 
 use std::ops::Range;
 

@@ -867,7 +867,7 @@ fn unsupported_tensor_types_open_but_their_view_lists_the_supported_ones() {
     assert_eq!((info.ty.name(), info.ty.id(), info.size), ("mxfp4", 39, 68));
     assert_eq!(info.ty.ggml(), None);
     assert_eq!(g.tensor_data(info), &pattern(68, 1)[..]);
-    let e = g.tensor("w").err().expect("the typed view is refused");
+    let e = g.tensor("w").expect_err("the typed view is refused");
     assert!(
         matches!(
             e,
