@@ -595,6 +595,46 @@ mod tests {
     }
 
     #[test]
+    fn starcoder_takes_digits_alone_then_gpt2() {
+        assert_eq!(
+            words(PreTokenizer::DigitsThenGpt2, "a 123 b"),
+            ["a", " ", "1", "2", "3", " b"]
+        );
+    }
+
+    #[test]
+    fn falcon_splits_punctuation_with_backticks_then_gpt2_then_triples() {
+        assert_eq!(
+            words(PreTokenizer::Falcon, "x+`y` 1234"),
+            ["x", "+`", "y", "`", " ", "123", "4"]
+        );
+    }
+
+    #[test]
+    fn qwen35_joins_combining_marks_to_letters() {
+        let text = "e\u{301}x";
+        let marks = PreTokenizer::Llama3 {
+            max_digits: 1,
+            marks: true,
+        };
+        let qwen2 = PreTokenizer::Llama3 {
+            max_digits: 1,
+            marks: false,
+        };
+        assert_eq!(words(marks, text), [text]);
+        assert_eq!(words(qwen2, text), ["e", "\u{301}x"]);
+    }
+
+    #[test]
+    fn deepseek_llm_applies_its_six_regexes_in_turn() {
+        assert_eq!(
+            words(PreTokenizer::DeepseekLlm, "Hello, 世界 123  "),
+            ["Hello", ",", " ", "世界", " ", "123", "  "]
+        );
+        assert!(in_ranges(DEEPSEEK_LLM_LETTERS, 'é') && !in_ranges(DEEPSEEK_LLM_LETTERS, '1'));
+    }
+
+    #[test]
     fn unicode_classes_follow_general_categories() {
         assert_eq!(classify('é') & LETTER, LETTER);
         assert_eq!(classify('٣') & NUMBER, NUMBER);
