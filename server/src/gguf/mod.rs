@@ -2,6 +2,7 @@
 //! copied to the heap, so they stay reclaimable, shared page cache.
 
 mod reader;
+mod types;
 mod value;
 
 use std::fs::File;
@@ -11,6 +12,7 @@ use memmap2::Mmap;
 
 use crate::quant::GgmlType;
 pub use reader::{parse, Header};
+pub use types::TensorType;
 pub use value::{Array, Metadata, Value};
 
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +63,8 @@ fn supported_types() -> String {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
     pub name: String,
-    pub ty: GgmlType,
+    /// Any ggml type: the reader lists tensors the kernels cannot read; [`Gguf::tensor`] refuses them.
+    pub ty: TensorType,
     /// ggml order: `dims[0]` is the row length (the contiguous dimension).
     pub dims: Vec<usize>,
     /// Absolute byte offset in the file.
@@ -80,16 +83,17 @@ impl TensorInfo {
     }
 }
 
-/// A tensor: its description and its bytes inside the map.
+/// A tensor of a type the kernels read: its description and its bytes inside the map.
 #[derive(Clone, Copy, Debug)]
 pub struct Tensor<'a> {
     pub info: &'a TensorInfo,
     pub data: &'a [u8],
+    ty: GgmlType,
 }
 
 impl<'a> Tensor<'a> {
     pub fn ty(&self) -> GgmlType {
-        self.info.ty
+        self.ty
     }
 
     pub fn row_bytes(&self) -> usize {
@@ -161,16 +165,27 @@ impl Gguf {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    pub fn get_tensor(&self, name: &str) -> Option<Tensor<'_>> {
-        self.tensor_info(name).map(|info| Tensor {
-            info,
-            data: &self.bytes()[info.offset..info.offset + info.size],
-        })
+    /// The bytes of a listed tensor, whatever its type.
+    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        &self.bytes()[info.offset..info.offset + info.size]
     }
 
+    /// The typed view of tensor `name`, for inference: refused when the kernels do not read its
+    /// type (the file still opens, so `inspect` and `tokenize` work on it).
     pub fn tensor(&self, name: &str) -> Result<Tensor<'_>, GgufError> {
-        self.get_tensor(name)
-            .ok_or_else(|| GgufError::MissingTensor(name.to_string()))
+        let info = self
+            .tensor_info(name)
+            .ok_or_else(|| GgufError::MissingTensor(name.to_string()))?;
+        let ty = info.ty.ggml().ok_or_else(|| GgufError::UnsupportedType {
+            tensor: name.to_string(),
+            id: info.ty.id(),
+            name: Some(info.ty.name()),
+        })?;
+        Ok(Tensor {
+            info,
+            data: self.tensor_data(info),
+            ty,
+        })
     }
 
     /// Asks the kernel to start reading the whole map in (`madvise(MADV_WILLNEED)`).

@@ -2,8 +2,7 @@
 //! before anything is allocated, nesting is capped, and every failure is an error, never a panic.
 
 use super::value::{Array, Metadata, Value};
-use super::{GgufError, TensorInfo};
-use crate::quant::GgmlType;
+use super::{GgufError, TensorInfo, TensorType};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// Arrays of arrays deeper than this are rejected so a crafted file cannot exhaust the stack.
@@ -285,10 +284,11 @@ fn check_tensor(
     file_len: usize,
 ) -> Result<TensorInfo, GgufError> {
     let name = raw.name;
-    let ty = GgmlType::from_id(raw.type_id).ok_or_else(|| GgufError::UnsupportedType {
+    // An id ggml does not have: without its block size the tensor cannot even be located.
+    let ty = TensorType::from_id(raw.type_id).ok_or_else(|| GgufError::UnsupportedType {
         tensor: name.clone(),
         id: raw.type_id,
-        name: GgmlType::unsupported_name(raw.type_id),
+        name: TensorType::name_of_id(raw.type_id),
     })?;
     let shape_err = |why: String| GgufError::Shape {
         tensor: name.clone(),

@@ -96,26 +96,161 @@ pub struct Bpe {
     merges: HashMap<u64, Merge, BuildHasherDefault<PairHasher>>,
 }
 
-/// The `tokenizer.ggml.pre` names understood, with their pre-tokenizer and whether whole-word
-/// tokens skip merging (llama.cpp's `ignore_merges`).
-const PRE_TOKENIZERS: &[(&str, PreTokenizer, bool)] = &[
-    ("llama3", PreTokenizer::Llama3 { max_digits: 3 }, true),
-    ("llama-v3", PreTokenizer::Llama3 { max_digits: 3 }, true),
-    ("llama-bpe", PreTokenizer::Llama3 { max_digits: 3 }, true),
-    ("falcon3", PreTokenizer::Llama3 { max_digits: 3 }, true),
-    ("qwen2", PreTokenizer::Llama3 { max_digits: 1 }, false),
-    (
-        "deepseek-r1-qwen",
-        PreTokenizer::Llama3 { max_digits: 1 },
-        false,
+/// How llama.cpp runs one `tokenizer.ggml.pre` name: its regex family, and the two flags the
+/// name sets that change token ids (`ignore_merges`: a word that is itself a token skips merging;
+/// `add_bos`: BOS is added unless `tokenizer.ggml.add_bos_token` says otherwise).
+struct PreTokenizerName {
+    name: &'static str,
+    pre: PreTokenizer,
+    ignore_merges: bool,
+    add_bos: bool,
+}
+
+const fn pre(name: &'static str, pre: PreTokenizer) -> PreTokenizerName {
+    PreTokenizerName {
+        name,
+        pre,
+        ignore_merges: false,
+        add_bos: false,
+    }
+}
+
+const LLAMA3: PreTokenizer = PreTokenizer::Llama3 {
+    max_digits: 3,
+    marks: false,
+};
+const QWEN2: PreTokenizer = PreTokenizer::Llama3 {
+    max_digits: 1,
+    marks: false,
+};
+
+/// The names this engine runs, as llama.cpp maps them: `llama_vocab::impl::load` in
+/// `src/llama-vocab.cpp` turns the name into a pre-tokenizer type (and sets the flags), and
+/// `llm_tokenizer_bpe::llm_tokenizer_bpe` gives each type its regexes; names whose types share
+/// regexes share a family here.
+const PRE_TOKENIZERS: &[PreTokenizerName] = &[
+    pre("default", PreTokenizer::Default),
+    // LLAMA3: ignore_merges and add_bos.
+    llama3("llama3"),
+    llama3("llama-v3"),
+    llama3("llama-bpe"),
+    llama3("falcon3"),
+    llama3("falcon-h1"),
+    llama3("pixtral"),
+    llama3("midm-2.0"),
+    llama3("lfm2"),
+    llama3("jina-v5-nano"),
+    // DBRX, SMAUG and CHATGLM4: Llama 3's regex without its flags.
+    pre("dbrx", LLAMA3),
+    pre("smaug-bpe", LLAMA3),
+    pre("glm4", LLAMA3),
+    pre("chatglm-bpe", LLAMA3),
+    // QWEN2 (and STABLELM2, HUNYUAN, SOLAR_OPEN, GROK_2: the same regex).
+    pre("qwen2", QWEN2),
+    pre("deepseek-r1-qwen", QWEN2),
+    pre("kormo", QWEN2),
+    pre("f2llmv2", QWEN2),
+    pre("megrez", QWEN2),
+    pre("stablelm2", QWEN2),
+    pre("hunyuan", QWEN2),
+    pre("solar-open", QWEN2),
+    pre("grok-2", QWEN2),
+    pre(
+        "qwen35",
+        PreTokenizer::Llama3 {
+            max_digits: 1,
+            marks: true,
+        },
     ),
-    ("megrez", PreTokenizer::Llama3 { max_digits: 1 }, false),
-    ("gpt-2", PreTokenizer::Gpt2, false),
-    ("phi-2", PreTokenizer::Gpt2, false),
-    ("mpt", PreTokenizer::Gpt2, false),
-    ("olmo", PreTokenizer::Gpt2, false),
-    ("default", PreTokenizer::Default, false),
+    // GPT2, MPT, OLMO, JAIS, TRILLION, GRANITE_DOCLING: GPT-2's regex alone.
+    pre("gpt-2", PreTokenizer::Gpt2),
+    pre("phi-2", PreTokenizer::Gpt2),
+    pre("jina-es", PreTokenizer::Gpt2),
+    pre("jina-de", PreTokenizer::Gpt2),
+    pre("gigachat", PreTokenizer::Gpt2),
+    pre("jina-v2-es", PreTokenizer::Gpt2),
+    pre("jina-v2-de", PreTokenizer::Gpt2),
+    pre("a.x-4.0", PreTokenizer::Gpt2),
+    pre("mellum", PreTokenizer::Gpt2),
+    pre("modern-bert", PreTokenizer::Gpt2),
+    pre("exaone4", PreTokenizer::Gpt2),
+    pre("mpt", PreTokenizer::Gpt2),
+    pre("olmo", PreTokenizer::Gpt2),
+    pre("jais", PreTokenizer::Gpt2),
+    pre("trillion", PreTokenizer::Gpt2),
+    pre("granite-docling", PreTokenizer::Gpt2),
+    // STARCODER, REFACT, COMMAND_R, SMOLLM, CODESHELL, EXAONE, MINERVA, MELLUM2.
+    pre("starcoder", PreTokenizer::DigitsThenGpt2),
+    pre("refact", PreTokenizer::DigitsThenGpt2),
+    pre("command-r", PreTokenizer::DigitsThenGpt2),
+    pre("smollm", PreTokenizer::DigitsThenGpt2),
+    pre("codeshell", PreTokenizer::DigitsThenGpt2),
+    pre("exaone", PreTokenizer::DigitsThenGpt2),
+    pre("minerva-7b", PreTokenizer::DigitsThenGpt2),
+    pre("mellum2", PreTokenizer::DigitsThenGpt2),
+    pre("falcon", PreTokenizer::Falcon),
+    pre("deepseek-coder", PreTokenizer::DeepseekCoder),
+    pre("deepseek-llm", PreTokenizer::DeepseekLlm),
 ];
+
+const fn llama3(name: &'static str) -> PreTokenizerName {
+    PreTokenizerName {
+        name,
+        pre: LLAMA3,
+        ignore_merges: true,
+        add_bos: true,
+    }
+}
+
+/// Names llama.cpp knows (same source) whose regexes, normalisation or extra tokens this engine
+/// does not implement: refused, with the list of those it runs.
+const REFUSED_PRE_TOKENIZERS: &[&str] = &[
+    "deepseek-v3",
+    "minicpm5",
+    "spark2_5",
+    "youtu",
+    "jais-2",
+    "gemma4",
+    "granite-embed-multi-311m",
+    "sarvam-moe",
+    // GPT-2's regex, but llama.cpp adds a SEP token (BERT-style embedding models).
+    "jina-v1-en",
+    "jina-v2-code",
+    "roberta-bpe",
+    "whitespace",
+    "poro-chat",
+    "bloom",
+    "gpt3-finnish",
+    "viking",
+    "tekken",
+    "exaone-moe",
+    "chameleon",
+    "gpt-4o",
+    "llama4",
+    "kanana2",
+    "talkie",
+    "granite-embed-multi-97m",
+    "tiny_aya",
+    "cohere2moe",
+    "superbpe",
+    "bailingmoe",
+    "bailingmoe2",
+    "llada-moe",
+    "seed-coder",
+    "hunyuan-dense",
+    "hy_v4",
+    "joyai-llm",
+    "kimi-k2",
+    "ufakzeka",
+    "afmoe",
+    "laguna",
+    "minimax-m2",
+];
+
+/// The names this engine runs, for error messages and tests.
+pub fn supported_pre_tokenizers() -> impl Iterator<Item = &'static str> {
+    PRE_TOKENIZERS.iter().map(|p| p.name)
+}
 
 /// Buffers reused across the words of one `encode` call.
 #[derive(Default)]
@@ -149,28 +284,28 @@ struct Pair {
 }
 
 impl Bpe {
-    /// Whether `pre` names a pre-tokenizer that llama.cpp runs with Llama 3's regex and
-    /// adds BOS by default.
+    /// Whether llama.cpp adds BOS by default for the pre-tokenizer `pre` names.
     pub fn adds_bos_by_default(pre: &str) -> bool {
-        matches!(pre, "llama3" | "llama-v3" | "llama-bpe" | "falcon3")
+        PRE_TOKENIZERS.iter().any(|p| p.name == pre && p.add_bos)
     }
 
     pub fn from_metadata(md: &Metadata, vocab: &Vocab) -> Result<Bpe, TokenizerError> {
         // Without the key llama.cpp falls back to its default pre-tokenizer (with a warning
         // that quality suffers); so do we.
         let pre_name = pre_tokenizer_name(md)?.unwrap_or("default");
-        let &(_, pre, ignore_merges) =
-            PRE_TOKENIZERS
-                .iter()
-                .find(|p| p.0 == pre_name)
-                .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer {
-                    name: pre_name.to_string(),
-                    supported: PRE_TOKENIZERS
-                        .iter()
-                        .map(|p| p.0)
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })?;
+        let entry = PRE_TOKENIZERS
+            .iter()
+            .find(|p| p.name == pre_name)
+            .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer {
+                name: pre_name.to_string(),
+                why: if REFUSED_PRE_TOKENIZERS.contains(&pre_name) {
+                    "llama.cpp knows but this engine does not implement"
+                } else {
+                    "unknown to llama.cpp and to this engine"
+                },
+                supported: supported_pre_tokenizers().collect::<Vec<_>>().join(", "),
+            })?;
+        let (pre, ignore_merges) = (entry.pre, entry.ignore_merges);
         let lines = md.strings("tokenizer.ggml.merges")?;
         let mut merges = HashMap::with_capacity_and_hasher(lines.len(), Default::default());
         let mut joined = Vec::new();
@@ -336,6 +471,22 @@ fn pair(left: u32, right: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every name is either run or refused, never both, and each once.
+    #[test]
+    fn pre_tokenizer_names_are_run_or_refused_once() {
+        let mut names: Vec<&str> = supported_pre_tokenizers()
+            .chain(REFUSED_PRE_TOKENIZERS.iter().copied())
+            .collect();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n, "a name is listed twice");
+        for name in ["smollm", "llama-bpe", "qwen35", "falcon", "deepseek-coder"] {
+            assert!(supported_pre_tokenizers().any(|s| s == name), "{name}");
+        }
+        assert!(Bpe::adds_bos_by_default("llama-bpe") && !Bpe::adds_bos_by_default("smollm"));
+    }
 
     #[test]
     fn byte_table_is_gpt2s() {

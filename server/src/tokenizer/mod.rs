@@ -28,8 +28,13 @@ pub enum TokenizerError {
     Gguf(#[from] GgufError),
     #[error("tokenizer.ggml.model is `{0}`, which is not supported; supported tokenizers: `llama` (SentencePiece: Gemma, Llama 2) and `gpt2` (byte-level BPE: Llama 3, Qwen2, GPT-2)")]
     UnsupportedModel(String),
-    #[error("tokenizer.ggml.pre is `{name}`, a pre-tokenizer this engine does not implement; supported: {supported}")]
-    UnsupportedPreTokenizer { name: String, supported: String },
+    #[error("tokenizer.ggml.pre is `{name}`, a pre-tokenizer {why}; supported: {supported}; use a model whose vocabulary has one of them")]
+    UnsupportedPreTokenizer {
+        name: String,
+        /// Whether llama.cpp knows the name, in words.
+        why: &'static str,
+        supported: String,
+    },
     #[error("malformed tokenizer metadata: {0}; re-convert the model with a current llama.cpp")]
     Malformed(String),
 }

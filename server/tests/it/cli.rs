@@ -49,12 +49,19 @@ fn stdout(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).expect("UTF-8 output")
 }
 
-/// Runs a command that must fail; returns its stderr, after checking it printed nothing on stdout.
+/// Runs a command that must fail; returns its stderr, after checking it printed nothing on stdout
+/// and that the refusal is one line, printed once, ending in a newline.
 fn failure(args: &[&str]) -> String {
     let out = llm_server(args);
     assert!(!out.status.success(), "{args:?} should fail");
     assert!(out.stdout.is_empty(), "{args:?} printed on stdout");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        stderr.ends_with('\n') && stderr.lines().count() == 1,
+        "{args:?}: the refusal should be one line ending in a newline: {stderr:?}"
+    );
+    assert_eq!(stderr.matches("llm-server:").count(), 1, "{stderr:?}");
+    stderr
 }
 
 fn scratch_file(name: &str, bytes: &[u8]) -> PathBuf {
@@ -249,4 +256,126 @@ fn gguf_with_architecture(arch: &str) -> Vec<u8> {
     f.extend(STRING.to_le_bytes());
     put_str(&mut f, arch);
     f
+}
+
+fn synth_files() -> Vec<PathBuf> {
+    let dir = test_support::testdata_dir().join("synth");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("synth dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .gguf in {}", dir.display());
+    files
+}
+
+/// Asserts `inspect` prints one row per tensor of `path`: its name and ggml type.
+fn assert_inspect_lists_tensors(path: &Path) {
+    let out = stdout(&llm_server(&["inspect", "--model", path.to_str().unwrap()]));
+    let g = Gguf::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(!g.tensors.is_empty(), "{}", path.display());
+    for t in &g.tensors {
+        assert!(
+            out.lines().any(|l| {
+                let mut cols = l.split_whitespace();
+                cols.next() == Some(t.name.as_str()) && cols.next() == Some(t.ty.name())
+            }),
+            "{}: no row for {} ({})",
+            path.display(),
+            t.name,
+            t.ty
+        );
+    }
+}
+
+/// `inspect` prints the tensor table of every synth file, also those with tensor types the
+/// kernels do not read (e.g. tq1_0).
+#[test]
+fn inspect_prints_the_tensor_table_of_every_synth_file() {
+    for path in synth_files() {
+        assert_inspect_lists_tensors(&path);
+    }
+}
+
+/// Files with types the kernels do not read: `tokenize` gives llama.cpp's ids (it needs only the
+/// vocabulary), and `run` refuses with one line naming the type.
+#[test]
+fn files_with_unread_types_tokenize_but_run_refuses_naming_the_type() {
+    // A type no kernel will read (i32 has f32's block layout, so the file stays well formed),
+    // so this holds however many quantisations are added.
+    let llama = std::fs::read(test_support::synth("synth-llama-q4_0.gguf")).unwrap();
+    let patched = scratch_file(
+        "synth-llama-i32-norm.gguf",
+        &test_support::with_tensor_type(llama, "blk.0.attn_norm.weight", 26),
+    );
+    let mut files: Vec<(PathBuf, Vec<&str>, PathBuf)> = vec![(
+        patched,
+        vec!["i32"],
+        test_support::synth("synth-llama-q4_0.golden.json"),
+    )];
+    for (file, types) in test_support::SYNTH_AWAITING_TYPES {
+        let golden = file.replace(".gguf", ".golden.json");
+        files.push((
+            test_support::synth(file),
+            types.to_vec(),
+            test_support::synth(&golden),
+        ));
+    }
+    for (path, types, golden) in files {
+        let model = path.to_str().unwrap();
+        assert_inspect_lists_tensors(&path);
+        let text = std::fs::read_to_string(&golden).unwrap();
+        let golden: Value = serde_json::from_str(&text).unwrap();
+        let case = &golden["tokenize"][0];
+        let out = llm_server(&[
+            "tokenize",
+            "--model",
+            model,
+            "--text",
+            case["text"].as_str().unwrap(),
+        ]);
+        let got: Vec<u32> = serde_json::from_str(&stdout(&out)).expect("a JSON array");
+        assert_eq!(got, ids(&case["ids"]), "{model}");
+
+        let stderr = failure(&["run", "--model", model, "--prompt", "hello", "-n", "1"]);
+        assert!(
+            types
+                .iter()
+                .any(|t| stderr.contains(&format!("has type {t} (ggml id"))),
+            "{model}: {stderr}"
+        );
+        assert!(
+            stderr.contains("supported types: ") && stderr.contains("re-quantize"),
+            "{stderr}"
+        );
+    }
+}
+
+/// A well-formed GGUF of an architecture the engine does not run still inspects and tokenizes;
+/// `run` refuses with the supported list.
+#[test]
+fn unknown_architecture_inspects_and_tokenizes_but_run_refuses() {
+    let llama = std::fs::read(test_support::synth("synth-llama-q4_0.gguf")).unwrap();
+    let path = scratch_file(
+        "synth-mamba.gguf",
+        &test_support::with_architecture(llama, "mamba"),
+    );
+    let model = path.to_str().unwrap();
+    assert_inspect_lists_tensors(&path);
+    let out = stdout(&llm_server(&["inspect", "--model", model]));
+    assert!(
+        out.contains("general.architecture") && out.contains("mamba"),
+        "{out}"
+    );
+    let out = llm_server(&["tokenize", "--model", model, "--text", "hello"]);
+    let got: Vec<u32> = serde_json::from_str(&stdout(&out)).expect("a JSON array");
+    assert!(!got.is_empty());
+    let stderr = failure(&["run", "--model", model, "--prompt", "hello"]);
+    assert!(
+        stderr.contains("architecture `mamba` is not supported; supported architectures: ")
+            && stderr.contains("llama")
+            && stderr.contains("gemma3"),
+        "{stderr}"
+    );
 }

@@ -5,14 +5,27 @@ use llm_server::gguf::Gguf;
 use llm_server::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use proptest::prelude::*;
 
-const VOCABS: [&str; 3] = ["llama-bpe", "qwen2", "gpt-2"];
+/// llama.cpp's BPE vocabularies with test vectors (`testdata/vocab`), each named by its
+/// `tokenizer.ggml.pre`.
+const VOCABS: &[&str] = &[
+    "llama-bpe",
+    "qwen2",
+    "gpt-2",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "mpt",
+    "refact",
+    "starcoder",
+    "qwen35",
+];
 
 #[test]
 fn all_vocab_cases_match_llama_cpp() {
     let mut report = Vec::new();
     for vocab in VOCABS {
         let (tok, cases) = vocab_cases(vocab);
-        assert_eq!(cases.len(), 46, "{vocab}");
+        assert!(cases.len() >= 46, "{vocab}: {} cases", cases.len());
         let failures = vocab_failures(&tok, &cases);
         if !failures.is_empty() {
             report.push(format!(
@@ -108,9 +121,46 @@ fn unknown_pre_tokenizer_is_named_in_the_error() {
     );
     let msg = err.to_string();
     assert!(
-        msg.contains("chameleon") && msg.contains("llama-bpe") && msg.contains("qwen2"),
+        msg.contains("`chameleon`")
+            && msg.contains("llama.cpp knows")
+            && msg.contains("llama-bpe")
+            && msg.contains("smollm"),
         "{msg}"
     );
+    let msg = tiny_vocab("gpt2", "no-such-pre")
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        msg.contains("`no-such-pre`") && msg.contains("unknown to llama.cpp"),
+        "{msg}"
+    );
+}
+
+/// SmolLM's name has no vector file: llama.cpp runs it as StarCoder's (each digit alone, then
+/// GPT-2's regex; `llama_vocab::impl::load` and `llm_tokenizer_bpe` in src/llama-vocab.cpp),
+/// without BOS by default. So the StarCoder vocabulary named `smollm` passes StarCoder's cases.
+#[test]
+fn smollm_runs_as_starcoder() {
+    let (_, cases) = vocab_cases("starcoder");
+    let g = Gguf::open(&testdata("vocab/ggml-vocab-starcoder.gguf")).unwrap();
+    let md = &g.metadata;
+    let tokens = md.strings("tokenizer.ggml.tokens").unwrap();
+    let merges = md.strings("tokenizer.ggml.merges").unwrap();
+    let types = md.i32s("tokenizer.ggml.token_type").unwrap();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let merges: Vec<&str> = merges.iter().map(String::as_str).collect();
+    let bytes = gguf_bytes(&[
+        ("tokenizer.ggml.model", Kv::Str("gpt2")),
+        ("tokenizer.ggml.pre", Kv::Str("smollm")),
+        ("tokenizer.ggml.tokens", Kv::Strs(&tokens)),
+        ("tokenizer.ggml.merges", Kv::Strs(&merges)),
+        ("tokenizer.ggml.token_type", Kv::I32s(types)),
+    ]);
+    let tok = Tokenizer::from_metadata(&Gguf::from_vec(bytes).unwrap().metadata).unwrap();
+    assert!(!tok.add_bos());
+    let failures = vocab_failures(&tok, &cases);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

@@ -90,6 +90,7 @@ pub fn golden_tokenize(path: &Path) -> Vec<(String, Vec<u32>)> {
 pub enum Kv<'a> {
     Str(&'a str),
     Strs(&'a [&'a str]),
+    I32s(&'a [i32]),
 }
 
 /// A tensor-less GGUF v3 file holding `kvs`, for tests of metadata handling.
@@ -117,6 +118,15 @@ pub fn gguf_bytes(kvs: &[(&str, Kv)]) -> Vec<u8> {
                 out.extend((v.len() as u64).to_le_bytes());
                 for s in v.iter() {
                     string(&mut out, s);
+                }
+            }
+            Kv::I32s(v) => {
+                const I32: u32 = 5;
+                out.extend(ARRAY.to_le_bytes());
+                out.extend(I32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                for x in v.iter() {
+                    out.extend(x.to_le_bytes());
                 }
             }
         }
