@@ -6,6 +6,7 @@
 
 use super::blocks::{f16_to_f32, scales_mins_k4, QK, QK_K};
 use super::formats::q8_0::BlockQ8_0;
+use super::formats::q8_1::BlockQ8_1;
 use super::formats::q8_k::BlockQ8K;
 
 /// Integer dot product of `w` with the first `w.len()` values of `a`.
@@ -36,6 +37,32 @@ pub fn dot_32<B>(w: &[B], a: &[BlockQ8_0], unpack: impl Fn(&B) -> ([u8; 2], [i8;
         .map(|(b, y)| {
             let (d, values) = unpack(b);
             dot_i8(&values, &y.qs) as f32 * (f16_to_f32(d) * f16_to_f32(y.d))
+        })
+        .sum()
+}
+
+/// `y = d * q + m` for a 32-value block of unsigned quants with an offset (Q4_1, Q5_1).
+pub fn dequantize_affine_32(d: [u8; 2], m: [u8; 2], values: [u8; QK], out: &mut [f32]) {
+    let (d, m) = (f16_to_f32(d), f16_to_f32(m));
+    for (y, q) in out.iter_mut().zip(values) {
+        *y = q as f32 * d + m;
+    }
+}
+
+/// Offset blocks against Q8_1 (`unpack` gives a block's d, m and quants), as
+/// `ggml_vec_dot_q{4,5}_1_q8_1_generic`: per block `d_w·d_a·(q·a) + m·s`, the offset's product
+/// taken from the activation's `s` (`d_a·Σa`).
+pub fn dot_affine_32<B>(
+    w: &[B],
+    a: &[BlockQ8_1],
+    unpack: impl Fn(&B) -> ([u8; 2], [u8; 2], [u8; QK]),
+) -> f32 {
+    let pairs = w.iter().zip(a);
+    pairs
+        .map(|(b, y)| {
+            let (d, m, values) = unpack(b);
+            let sumi = dot_i8(&values, &y.qs);
+            f16_to_f32(d) * f16_to_f32(y.d) * sumi as f32 + f16_to_f32(m) * f16_to_f32(y.s)
         })
         .sum()
 }

@@ -37,25 +37,14 @@ impl Format for Q4_1 {
     ];
 
     fn dequantize(b: &BlockQ4_1, out: &mut [f32]) {
-        let (d, m) = (f16_to_f32(b.d), f16_to_f32(b.m));
-        for (y, q) in out.iter_mut().zip(b.values()) {
-            *y = q as f32 * d + m;
-        }
+        scalar::dequantize_affine_32(b.d, b.m, b.values(), out);
     }
 }
 
 impl Weight for Q4_1 {
-    /// `ggml_vec_dot_q4_1_q8_1_generic`: per block `d_w·d_a·(q·a) + m·s`, the offset's product
-    /// taken from the activation's `s`.
+    /// `ggml_vec_dot_q4_1_q8_1_generic` (scalar.rs).
     fn dot_ref(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
-        let pairs = w.iter().zip(a);
-        pairs
-            .map(|(x, y)| {
-                let sumi = scalar::dot_i8(&x.values(), &y.qs);
-                let d = f16_to_f32(x.d) * f16_to_f32(y.d);
-                d * sumi as f32 + f16_to_f32(x.m) * f16_to_f32(y.s)
-            })
-            .sum()
+        scalar::dot_affine_32(w, a, |b| (b.d, b.m, b.values()))
     }
 }
 
