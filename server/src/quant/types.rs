@@ -8,7 +8,6 @@ use super::GgmlType;
 
 /// Names of ggml types we recognise but do not implement, so errors can say what a file holds.
 const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
-    (18, "iq3_xxs"),
     (19, "iq1_s"),
     (22, "iq2_s"),
     (24, "i8"),
