@@ -13,7 +13,12 @@ use llm_server::quant::{dequantize_row, random_row, GgmlType};
 
 /// Types no synth model holds (llama.cpp makes them only with an importance matrix): compared on
 /// random rows instead.
-const RANDOM_ONLY: &[GgmlType] = &[GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ3_XXS];
+const RANDOM_ONLY: &[GgmlType] = &[
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ1_S,
+];
 
 /// Files whose tensors together cover every weight type we support.
 const FILES: &[&str] = &[
