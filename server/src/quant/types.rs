@@ -8,7 +8,6 @@ use super::GgmlType;
 
 /// Names of ggml types we recognise but do not implement, so errors can say what a file holds.
 const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
-    (22, "iq2_s"),
     (24, "i8"),
     (25, "i16"),
     (26, "i32"),

@@ -18,6 +18,7 @@ const RANDOM_ONLY: &[GgmlType] = &[
     GgmlType::IQ2_XS,
     GgmlType::IQ3_XXS,
     GgmlType::IQ1_S,
+    GgmlType::IQ2_S,
 ];
 
 /// Files whose tensors together cover every weight type we support.
