@@ -72,6 +72,7 @@ formats! {
         IQ3_XXS = 18, "iq3_xxs", iq3_xxs::Iq3Xxs, q8_k::Q8K,    [];
         IQ1_S  = 19,  "iq1_s",   iq1_s::Iq1S,     q8_k::Q8K,    [];
         IQ2_S  = 22,  "iq2_s",   iq2_s::Iq2S,     q8_k::Q8K,    [];
+        IQ1_M  = 29,  "iq1_m",   iq1_m::Iq1M,     q8_k::Q8K,    [];
         IQ3_S  = 21,  "iq3_s",   iq3_s::Iq3S,     q8_k::Q8K,    [Tiled];
         IQ4_NL = 20,  "iq4_nl",  iq4_nl::Iq4Nl,   q8_0::Q8_0,   [Repacked];
         IQ4_XS = 23,  "iq4_xs",  iq4_xs::Iq4Xs,   q8_k::Q8K,    [Tiled];

@@ -13,7 +13,6 @@ const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
     (26, "i32"),
     (27, "i64"),
     (28, "f64"),
-    (29, "iq1_m"),
     (39, "mxfp4"),
 ];
 

@@ -19,6 +19,7 @@ const RANDOM_ONLY: &[GgmlType] = &[
     GgmlType::IQ3_XXS,
     GgmlType::IQ1_S,
     GgmlType::IQ2_S,
+    GgmlType::IQ1_M,
 ];
 
 /// Files whose tensors together cover every weight type we support.
