@@ -17,7 +17,8 @@
 //! None of the traits' items has a default, so a format lacking a kernel, a reference or a
 //! quantiser does not compile, rather than falling back silently. (A type ggml has that we did
 //! not implement is also named in `types.rs` for error messages; a test fails while a row
-//! still is.) Q4_1 and Q8_1 were added this way, then Q5_1, Q3_K, Q2_K, TQ2_0, TQ1_0 and IQ3_S.
+//! still is.) Q4_1 and Q8_1 were added this way, then Q5_1, Q3_K, Q2_K, TQ2_0, TQ1_0, IQ3_S and
+//! the importance-matrix types IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ2_S and IQ1_M.
 
 /// Items compiled only for x86-64-v3 (AVX2, FMA, F16C: the workspace's target); elsewhere the
 /// scalar references stand in for the kernels.
