@@ -111,9 +111,13 @@ avx2! {
         unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
             let mut sumi = _mm256_setzero_si256();
             for s in 0..8 {
-                let g = |l: usize| self.grid(4 * s + l) as i64;
+                // The sub-block's four u16 at once: the per-group accessors are not hoisted.
+                let q = u64::from_le_bytes(self.qs[8 * s..8 * s + 8].try_into().unwrap());
+                let group = |l: usize| (q >> (16 * l)) as usize;
+                let g = |l: usize| IQ2XS_GRID[group(l) & 511] as i64;
                 let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
-                let negative = bytes_from_bits_32(self.signs(s));
+                let signs = (0..4).fold(0, |m, l| m | (KSIGNS[group(l) >> 9 & 127] as u32) << (8 * l));
+                let negative = bytes_from_bits_32(signs);
                 let act = load256(y.qs.as_ptr().add(32 * s).cast());
                 let act = _mm256_sub_epi8(_mm256_xor_si256(act, negative), negative);
                 let products = _mm256_maddubs_epi16(grid, act);
