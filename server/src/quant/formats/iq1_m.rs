@@ -138,13 +138,20 @@ avx2! {
                     let mut sumi = _mm256_setzero_si256();
                     let mut sumd = _mm256_setzero_si256();
                     for s in 0..8 {
-                        let g = |l: usize| b.grid(s, l) as i64;
+                        // The sub-block's qh nibbles and scales read once: the per-group
+                        // accessors are not hoisted.
+                        let qh = u16::from_le_bytes([b.qh[2 * s], b.qh[2 * s + 1]]) as usize;
+                        let nibble = |l: usize| (qh >> (4 * l)) & 0xF;
+                        let g = |l: usize| {
+                            IQ1S_GRID[b.qs[4 * s + l] as usize | (nibble(l) & 7) << 8] as i64
+                        };
                         let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
                         // ±1 in every byte of a group, by the sign of its shift.
-                        let sign = |l: usize| match b.delta_sign(s, l) {
-                            1 => 0x0101_0101_0101_0101,
+                        let sign = |l: usize| match nibble(l) & 8 {
+                            0 => 0x0101_0101_0101_0101,
                             _ => -1i64,
                         };
+                        let sc = b.sc(s / 2) >> (6 * (s % 2));
                         let delta = _mm256_set_epi64x(sign(3), sign(2), sign(1), sign(0));
                         let act = load256(y.qs.as_ptr().add(32 * s).cast());
                         let products = _mm256_maddubs_epi16(
@@ -152,7 +159,7 @@ avx2! {
                             _mm256_sign_epi8(act, grid),
                         );
                         let shifts = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(act, delta));
-                        let scale = |h: usize| _mm_set1_epi16(b.scale(s, h) as i16);
+                        let scale = |h: usize| _mm_set1_epi16(2 * ((sc >> (3 * h)) & 7) as i16 + 1);
                         let scales = _mm256_set_m128i(scale(1), scale(0));
                         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(products, scales));
                         sumd = _mm256_add_epi32(sumd, _mm256_madd_epi16(shifts, scales));
