@@ -120,17 +120,23 @@ avx2! {
                     let mut sumi = _mm256_setzero_si256();
                     let mut sumd = 0i32;
                     for s in 0..8 {
-                        let g = |l: usize| b.grid(s, l) as i64;
+                        // The sub-block's qh read once: the per-group accessors are not hoisted.
+                        let qh = b.qh(s) as usize;
+                        let g = |l: usize| {
+                            IQ1S_GRID[b.qs[4 * s + l] as usize | ((qh >> (3 * l)) & 7) << 8] as i64
+                        };
                         let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
                         let act = load256(y.qs.as_ptr().add(32 * s).cast());
                         let products = _mm256_maddubs_epi16(
                             _mm256_sign_epi8(grid, grid),
                             _mm256_sign_epi8(act, grid),
                         );
-                        let scale = _mm256_set1_epi16(b.scale(s) as i16);
-                        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(products, scale));
+                        let scale = 2 * ((qh >> 12) & 7) as i32 + 1;
+                        let sum16 = _mm256_madd_epi16(products, _mm256_set1_epi16(scale as i16));
+                        sumi = _mm256_add_epi32(sumi, sum16);
                         let bsum = y.bsum(2 * s) + y.bsum(2 * s + 1);
-                        sumd += bsum * b.delta_sign(s) * b.scale(s);
+                        let signed = if qh & 0x8000 == 0 { bsum } else { -bsum };
+                        sumd += signed * scale;
                     }
                     let d = y.d() * f16_to_f32(b.d);
                     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
