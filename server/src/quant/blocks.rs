@@ -18,6 +18,18 @@ pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// The IQ2/IQ3 sign patterns (`ksigns_iq2xs` in ggml-common.h): a 7-bit index gives eight sign
+/// bits, the eighth making the count of negative values even.
+pub const KSIGNS: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut i = 0;
+    while i < 128 {
+        t[i] = i as u8 | (((i as u32).count_ones() as u8 & 1) << 7);
+        i += 1;
+    }
+    t
+};
+
 /// A block type whose every bit pattern is valid and whose alignment is 1.
 ///
 /// # Safety

@@ -45,6 +45,9 @@ pub enum Float {
     F16(usize),
     Bf16(usize),
     F32(usize),
+    /// An f16 held in the top nibbles of the four little-endian u16 from the offset, the first
+    /// u16's the f16's low nibble (IQ1_M's `d`, spread over its scales).
+    F16Nibbles(usize),
 }
 
 /// A format activation rows are converted to before they are dotted with weights.

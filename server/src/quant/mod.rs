@@ -17,7 +17,8 @@
 //! None of the traits' items has a default, so a format lacking a kernel, a reference or a
 //! quantiser does not compile, rather than falling back silently. (A type ggml has that we did
 //! not implement is also named in `types.rs` for error messages; a test fails while a row
-//! still is.) Q4_1 and Q8_1 were added this way, then Q5_1, Q3_K, Q2_K, TQ2_0, TQ1_0 and IQ3_S.
+//! still is.) Q4_1 and Q8_1 were added this way, then Q5_1, Q3_K, Q2_K, TQ2_0, TQ1_0, IQ3_S and
+//! the importance-matrix types IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ2_S and IQ1_M.
 
 /// Items compiled only for x86-64-v3 (AVX2, FMA, F16C: the workspace's target); elsewhere the
 /// scalar references stand in for the kernels.
@@ -67,6 +68,12 @@ formats! {
         Q6_K   = 14,  "q6_K",    q6_k::Q6K,       q8_k::Q8K,    [Tiled];
         TQ1_0  = 34,  "tq1_0",   tq1_0::Tq1_0,    q8_k::Q8K,    [];
         TQ2_0  = 35,  "tq2_0",   tq2_0::Tq2_0,    q8_k::Q8K,    [];
+        IQ2_XXS = 16, "iq2_xxs", iq2_xxs::Iq2Xxs, q8_k::Q8K,    [];
+        IQ2_XS = 17,  "iq2_xs",  iq2_xs::Iq2Xs,   q8_k::Q8K,    [];
+        IQ3_XXS = 18, "iq3_xxs", iq3_xxs::Iq3Xxs, q8_k::Q8K,    [];
+        IQ1_S  = 19,  "iq1_s",   iq1_s::Iq1S,     q8_k::Q8K,    [];
+        IQ2_S  = 22,  "iq2_s",   iq2_s::Iq2S,     q8_k::Q8K,    [];
+        IQ1_M  = 29,  "iq1_m",   iq1_m::Iq1M,     q8_k::Q8K,    [];
         IQ3_S  = 21,  "iq3_s",   iq3_s::Iq3S,     q8_k::Q8K,    [Tiled];
         IQ4_NL = 20,  "iq4_nl",  iq4_nl::Iq4Nl,   q8_0::Q8_0,   [Repacked];
         IQ4_XS = 23,  "iq4_xs",  iq4_xs::Iq4Xs,   q8_k::Q8K,    [Tiled];

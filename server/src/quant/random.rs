@@ -28,6 +28,13 @@ pub fn random_row(ty: GgmlType, n: usize, scale: f32, next: &mut impl FnMut() ->
                     block[at..at + 2].copy_from_slice(&bf16::from_f32(v).to_le_bytes())
                 }
                 Float::F32(at) => block[at..at + 4].copy_from_slice(&v.to_le_bytes()),
+                Float::F16Nibbles(at) => {
+                    let bits = f16::from_f32(v).to_bits();
+                    for k in 0..4 {
+                        let byte = &mut block[at + 2 * k + 1];
+                        *byte = (*byte & 0x0F) | (((bits >> (4 * k)) & 0xF) as u8) << 4;
+                    }
+                }
             }
         }
     }

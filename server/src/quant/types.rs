@@ -8,17 +8,11 @@ use super::GgmlType;
 
 /// Names of ggml types we recognise but do not implement, so errors can say what a file holds.
 const KNOWN_UNSUPPORTED: &[(u32, &str)] = &[
-    (16, "iq2_xxs"),
-    (17, "iq2_xs"),
-    (18, "iq3_xxs"),
-    (19, "iq1_s"),
-    (22, "iq2_s"),
     (24, "i8"),
     (25, "i16"),
     (26, "i32"),
     (27, "i64"),
     (28, "f64"),
-    (29, "iq1_m"),
     (39, "mxfp4"),
 ];
 
@@ -76,8 +70,8 @@ mod tests {
         assert_eq!(GgmlType::Q6_K.row_bytes(512), Some(420));
         assert_eq!(GgmlType::Q8_0.row_bytes(640), Some(680));
         assert_eq!(GgmlType::Q4_K.row_bytes(640), None);
-        assert_eq!(GgmlType::from_id(19), None);
-        assert_eq!(GgmlType::unsupported_name(19), Some("iq1_s"));
+        assert_eq!(GgmlType::from_id(39), None);
+        assert_eq!(GgmlType::unsupported_name(39), Some("mxfp4"));
     }
 
     /// The table's rows are distinct types: one id and one name each, none also listed as

@@ -1,12 +1,26 @@
 //! Our `dequantize_row` against gguf-py's `gguf.quants.dequantize` (an independent numpy
-//! implementation), on real rows of every tensor type llama.cpp wrote into the golden synth models.
+//! implementation), on real rows of every tensor type llama.cpp wrote into the golden synth models,
+//! and on random rows of the types llama.cpp writes only with an importance matrix (no synth model
+//! has them).
 //! Needs `python3` with the `gguf` and `numpy` modules; it fails (never skips) without them.
 
+use std::io::Write;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use llm_server::gguf::Gguf;
-use llm_server::quant::{dequantize_row, GgmlType};
+use llm_server::quant::{dequantize_row, random_row, GgmlType};
+
+/// Types no synth model holds (llama.cpp makes them only with an importance matrix): compared on
+/// random rows instead.
+const RANDOM_ONLY: &[GgmlType] = &[
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ1_S,
+    GgmlType::IQ2_S,
+    GgmlType::IQ1_M,
+];
 
 /// Files whose tensors together cover every weight type we support.
 const FILES: &[&str] = &[
@@ -116,8 +130,92 @@ fn dequantize_row_matches_gguf_py_for_every_type() {
     }
     for ty in GgmlType::SUPPORTED {
         assert!(
-            covered.contains(&ty),
+            covered.contains(&ty) || RANDOM_ONLY.contains(&ty),
             "no {ty} tensor in the synth models was compared"
         );
+    }
+}
+
+/// Prints, as little-endian f32, gguf-py's dequantisation of the raw rows on stdin (ggml type id
+/// and bytes per row in argv).
+const DEQUANTIZE_RAW_PY: &str = r#"
+import sys
+try:
+    import numpy as np
+    from gguf.quants import dequantize
+    from gguf.constants import GGMLQuantizationType
+except ImportError as e:
+    sys.exit(f"missing Python module ({e}): run `python3 -m pip install gguf numpy`")
+ty, row_bytes = int(sys.argv[1]), int(sys.argv[2])
+data = np.frombuffer(sys.stdin.buffer.read(), dtype=np.uint8).reshape(-1, row_bytes)
+values = dequantize(data, GGMLQuantizationType(ty))
+sys.stdout.buffer.write(values.astype("<f4").tobytes())
+"#;
+
+/// gguf-py's dequantisation of `rows` (whole rows of `row_bytes` bytes of type `ty`).
+fn gguf_py_raw(ty: GgmlType, row_bytes: usize, rows: &[u8]) -> Vec<f32> {
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(DEQUANTIZE_RAW_PY)
+        .arg(ty.id().to_string())
+        .arg(row_bytes.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run python3 ({e}): install Python 3, then `python3 -m pip install gguf numpy`")
+        });
+    child.stdin.take().unwrap().write_all(rows).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "gguf-py failed on random {ty} rows: {}\n(if a module is missing: `python3 -m pip install gguf numpy`)",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Random valid rows (every grid index, sign pattern and scale bit drawn) of each type no synth
+/// model holds: ours and gguf-py's dequantisations agree bit for bit (both do ggml's float
+/// operations in ggml's order).
+#[test]
+fn dequantize_row_matches_gguf_py_on_random_rows_of_imatrix_types() {
+    const ROWS: usize = 64;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for &ty in RANDOM_ONLY {
+        // 64 rows of 8 super-blocks: 16384 or more grid groups, every index of even the largest
+        // grid (2048 entries) drawn several times over.
+        let n = 8 * ty.block_len();
+        let row_bytes = ty.row_bytes(n).unwrap();
+        let rows: Vec<u8> = (0..ROWS)
+            .flat_map(|_| random_row(ty, n, 2.0, &mut next))
+            .collect();
+        let theirs = gguf_py_raw(ty, row_bytes, &rows);
+        assert_eq!(
+            theirs.len(),
+            ROWS * n,
+            "{ty}: gguf-py returned {} values",
+            theirs.len()
+        );
+        for (r, (row, reference)) in rows.chunks(row_bytes).zip(theirs.chunks(n)).enumerate() {
+            let mut ours = vec![0f32; n];
+            dequantize_row(ty, row, &mut ours);
+            for (i, (a, b)) in ours.iter().zip(reference).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "random {ty} row {r} value {i}: ours {a}, gguf-py {b}"
+                );
+            }
+        }
     }
 }
