@@ -3,6 +3,7 @@
 
 use crate::gguf::{Gguf, Metadata};
 use crate::model::{Config, KvCache, ModelError, Session, Weights};
+use crate::sampler::Sampler;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryPlan {
@@ -29,7 +30,7 @@ impl MemoryPlan {
         let weights = Weights::load(g, &config)?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let parallel = parallel.max(1);
-        let sampler = config.n_vocab as u64 * (8 + 4);
+        let sampler = Sampler::bytes(config.n_vocab);
         let per_slot = Session::scratch_bytes(&config, &weights, threads, n_ctx) + sampler;
         Ok(MemoryPlan {
             n_ctx,

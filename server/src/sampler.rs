@@ -59,6 +59,12 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// Heap bytes a sampler over `n_vocab` tokens holds (the memory planner's figure): one
+    /// candidate and one count per token, allocated once in [`Sampler::new`].
+    pub fn bytes(n_vocab: usize) -> u64 {
+        (n_vocab * (size_of::<(u32, f32)>() + size_of::<u32>())) as u64
+    }
+
     pub fn new(params: SamplerParams, n_vocab: usize) -> Sampler {
         Sampler {
             rng: ChaCha8Rng::seed_from_u64(params.seed),
@@ -167,6 +173,14 @@ fn argmax(cand: &[(u32, f32)]) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn bytes_are_what_new_allocates() {
+        let s = Sampler::new(SamplerParams::default(), 1000);
+        let held =
+            s.cand.capacity() * size_of::<(u32, f32)>() + s.counts.capacity() * size_of::<u32>();
+        assert_eq!(Sampler::bytes(1000), held as u64);
+    }
+
     use super::*;
 
     fn logits() -> Vec<f32> {
