@@ -232,7 +232,13 @@ mod tests {
             .map(str::trim)
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .collect();
-        for wanted in ["gguf", "numpy", "openai", "openapi-spec-validator"] {
+        for wanted in [
+            "gguf",
+            "numpy",
+            "openai",
+            "openapi-spec-validator",
+            "python-hcl2",
+        ] {
             assert!(
                 lines.iter().any(|l| l.starts_with(&format!("{wanted}=="))),
                 "{wanted} is not pinned in python-requirements.txt"
