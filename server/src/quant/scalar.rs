@@ -67,6 +67,54 @@ pub fn dot_affine_32<B>(
         .sum()
 }
 
+/// The IQ2/IQ3 grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS): a super-block's signed grid values
+/// in groups of `group`, group g weighted `d·(0.5 + ls(g))·unit` by its 4-bit scale. ggml's
+/// order: the group's factor first, then times each value.
+pub fn dequantize_grid(
+    d: [u8; 2],
+    values: [i8; QK_K],
+    group: usize,
+    unit: f32,
+    ls: impl Fn(usize) -> u32,
+    out: &mut [f32],
+) {
+    let d = f16_to_f32(d);
+    for (g, (ys, qs)) in out
+        .chunks_exact_mut(group)
+        .zip(values.chunks(group))
+        .enumerate()
+    {
+        let dg = d * (0.5 + ls(g) as f32) * unit;
+        for (y, &q) in ys.iter_mut().zip(qs) {
+            *y = dg * q as f32;
+        }
+    }
+}
+
+/// The grid types against Q8_K as ggml's generic dots: per super-block the integer sum of
+/// `(2·ls + 1)·(q·a)` over its groups, times `d·d_a`; the row's sum times `factor` (ggml's
+/// `0.125` or `0.25`) at the end. `unpack` gives a block's d and values, `ls` its group scales.
+pub fn dot_grid<B>(
+    w: &[B],
+    a: &[BlockQ8K],
+    group: usize,
+    factor: f32,
+    unpack: impl Fn(&B) -> ([u8; 2], [i8; QK_K]),
+    ls: impl Fn(&B, usize) -> u32,
+) -> f32 {
+    let sum = dot_k(w, a, |b, y| {
+        let (d, values) = unpack(b);
+        let sumi: i32 = (0..QK_K / group)
+            .map(|g| {
+                let scale = 2 * ls(b, g) as i32 + 1;
+                scale * dot_i8(&values[group * g..group * (g + 1)], &y.qs[group * g..])
+            })
+            .sum();
+        f16_to_f32(d) * y.d() * sumi as f32
+    });
+    factor * sum
+}
+
 /// K-quant super-blocks against Q8_K, `block_dot` giving each super-block's float value.
 pub fn dot_k<B>(w: &[B], a: &[BlockQ8K], block_dot: impl Fn(&B, &BlockQ8K) -> f32) -> f32 {
     w.iter().zip(a).map(|(b, y)| block_dot(b, y)).sum()

@@ -4,7 +4,7 @@
 
 use std::mem::offset_of;
 
-use crate::quant::blocks::{block, f16_to_f32, KSIGNS, QK_K};
+use crate::quant::blocks::{block, KSIGNS, QK_K};
 use crate::quant::format::{Float, Format, Weight};
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::scalar;
@@ -62,31 +62,15 @@ impl Format for Iq2Xs {
     const FLOATS: &'static [Float] = &[Float::F16(offset_of!(BlockIq2Xs, d))];
 
     fn dequantize(b: &BlockIq2Xs, out: &mut [f32]) {
-        let d = f16_to_f32(b.d);
-        for (h, (ys, qs)) in out.chunks_exact_mut(16).zip(b.values().chunks(16)).enumerate() {
-            // ggml's order: d·(0.5 + ls)·0.25, then ·grid·sign.
-            let db = d * (0.5 + b.ls(h / 2, h % 2) as f32) * 0.25;
-            for (y, &q) in ys.iter_mut().zip(qs) {
-                *y = db * q as f32;
-            }
-        }
+        // ggml's order: d·(0.5 + ls)·0.25, then ·grid·sign.
+        scalar::dequantize_grid(b.d, b.values(), 16, 0.25, |h| b.ls(h / 2, h % 2), out);
     }
 }
 
 impl Weight for Iq2Xs {
     /// As ggml: the integer sum of `(2·ls + 1)·(q·a)` over the half sub-blocks, times `d·d_a/8`.
     fn dot_ref(w: &[BlockIq2Xs], a: &[BlockQ8K]) -> f32 {
-        let sum = scalar::dot_k(w, a, |b, y| {
-            let values = b.values();
-            let sumi: i32 = (0..16)
-                .map(|h| {
-                    let scale = 2 * b.ls(h / 2, h % 2) as i32 + 1;
-                    scale * scalar::dot_i8(&values[16 * h..16 * h + 16], &y.qs[16 * h..])
-                })
-                .sum();
-            f16_to_f32(b.d) * y.d() * sumi as f32
-        });
-        0.125 * sum
+        scalar::dot_grid(w, a, 16, 0.125, |b| (b.d, b.values()), |b, h| b.ls(h / 2, h % 2))
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::mem::offset_of;
 
-use crate::quant::blocks::{block, f16_to_f32, KSIGNS, QK_K};
+use crate::quant::blocks::{block, KSIGNS, QK_K};
 use crate::quant::format::{Float, Format, Weight};
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::scalar;
@@ -63,31 +63,15 @@ impl Format for Iq3Xxs {
     const FLOATS: &'static [Float] = &[Float::F16(offset_of!(BlockIq3Xxs, d))];
 
     fn dequantize(b: &BlockIq3Xxs, out: &mut [f32]) {
-        let d = f16_to_f32(b.d);
-        for (s, (ys, qs)) in out.chunks_exact_mut(32).zip(b.values().chunks(32)).enumerate() {
-            // ggml's order: d·(0.5 + ls)·0.5, then ·grid·sign.
-            let db = d * (0.5 + b.ls(s) as f32) * 0.5;
-            for (y, &q) in ys.iter_mut().zip(qs) {
-                *y = db * q as f32;
-            }
-        }
+        // ggml's order: d·(0.5 + ls)·0.5, then ·grid·sign.
+        scalar::dequantize_grid(b.d, b.values(), 32, 0.5, |s| b.ls(s), out);
     }
 }
 
 impl Weight for Iq3Xxs {
     /// As ggml: the integer sum of `(2·ls + 1)·(q·a)` over the sub-blocks, times `d·d_a/4`.
     fn dot_ref(w: &[BlockIq3Xxs], a: &[BlockQ8K]) -> f32 {
-        let sum = scalar::dot_k(w, a, |b, y| {
-            let values = b.values();
-            let sumi: i32 = (0..8)
-                .map(|s| {
-                    let scale = 2 * b.ls(s) as i32 + 1;
-                    scale * scalar::dot_i8(&values[32 * s..32 * s + 32], &y.qs[32 * s..])
-                })
-                .sum();
-            f16_to_f32(b.d) * y.d() * sumi as f32
-        });
-        0.25 * sum
+        scalar::dot_grid(w, a, 32, 0.25, |b| (b.d, b.values()), |b, s| b.ls(s))
     }
 }
 
