@@ -24,6 +24,7 @@ mod serve_conn;
 mod serve_liveness;
 mod serve_load;
 mod serve_memory;
+mod serve_schemathesis;
 mod serve_security;
 mod serve_tls;
 mod tokenizer_bpe;
