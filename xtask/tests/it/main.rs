@@ -1,8 +1,10 @@
-//! xtask's integration tests: the OCI upload against a strict stand-in CLI, the Nix package's
+//! xtask's integration tests: the model fetch against a local HTTP server, the OCI upload against a strict stand-in CLI, the Nix package's
 //! source, and the deploy/oci/ configuration against the OCI provider's documented names.
 //! `autotests = false`: every integration test of this crate is a module of this one binary,
 //! so the crate's dependencies are linked once.
 
 mod deploy_oci;
+mod model_fetch;
+mod nix_model;
 mod nix_package;
 mod oci_upload;
