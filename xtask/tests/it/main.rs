@@ -1,5 +1,7 @@
-//! xtask's integration tests: the model fetch against a local HTTP server, the OCI upload against a strict stand-in CLI, the Nix package's
-//! source, and the deploy/oci/ configuration against the OCI provider's documented names.
+//! xtask's integration tests: the model fetch against a local HTTP server and nix/model.nix's
+//! source, the 1B profile against the planner, the OCI upload against a strict stand-in CLI, the
+//! Nix package's source, and the deploy/oci/ configuration against the OCI provider's documented
+//! names.
 //! `autotests = false`: every integration test of this crate is a module of this one binary,
 //! so the crate's dependencies are linked once.
 
@@ -8,3 +10,4 @@ mod model_fetch;
 mod nix_model;
 mod nix_package;
 mod oci_upload;
+mod profile_1b;
