@@ -402,6 +402,22 @@ mod tests {
     }
 
     #[test]
+    fn a_real_size_gemma3_1b_file_loads_and_gives_finite_logits() {
+        let p = Preset::named("gemma3-1b").unwrap();
+        let out = scratch("1b");
+        let md = p.metadata(&test_support::default_model()).unwrap();
+        let n = write_file(&out, &md, &p.tensors(Mix::Iq4Xs), 1).unwrap();
+        assert_eq!(n, 714_433_024);
+        let model = Model::load(&out, &LoadOptions::default()).unwrap();
+        let mut session = model.new_session(8);
+        let logits = session.eval(&model, &[2, 9259]).unwrap().to_vec();
+        assert_eq!(logits.len(), 262_144);
+        assert!(logits.iter().all(|l| l.is_finite()));
+        drop(model);
+        std::fs::remove_file(&out).unwrap();
+    }
+
+    #[test]
     fn like_copies_a_real_header_and_refuses_a_wrong_vocabulary() {
         let real = test_support::synth("synth-gemma3-q4_k_m.gguf");
         let (md, tensors) = like_header(&real).unwrap();

@@ -1,6 +1,6 @@
 //! appliance/profiles/e2-micro-1b.toml against the server's planner on a file of Gemma 3 1B's
 //! real shapes and IQ4_XS types (`llm-server synth --preset gemma3-1b`, its tokenizer from the
-//! default model): pinned to that file, the profile loads (every cross-section rule holds) and
+//! default model): `inspect` shows its real shapes; pinned to that file, the profile loads (every cross-section rule holds) and
 //! its limits hold the plan at its context and slots. Unpinned, as committed, it does not load.
 
 use std::path::{Path, PathBuf};
@@ -62,6 +62,25 @@ fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // `inspect` shows the real shapes, types and byte counts.
+    let out = Command::new(&server)
+        .arg("inspect")
+        .arg("-m")
+        .arg(&model)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    for row in [
+        "token_embd.weight q8_0 [1152, 262144] 320864256",
+        "blk.25.attn_v.weight q5_1 [1152, 256] 221184",
+        "blk.25.ffn_down.weight iq4_xs [6912, 1152] 4230144",
+        "blk.25.ffn_up.weight iq4_nl [1152, 6912] 4478976",
+    ] {
+        let found = table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") == row);
+        assert!(found, "no `{row}` in:\n{table}");
+    }
     let bytes = std::fs::read(&model).unwrap();
     // The published IQ4_XS file is about 714 MB.
     assert!(
