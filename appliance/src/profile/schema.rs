@@ -36,16 +36,44 @@ pub struct Machine {
     pub headroom_mib: u64,
 }
 
-/// Which file the image carries. Its shape (and so its memory) is read from the file itself by
-/// the server's planner (`crate::plan`), not copied here.
+/// Which file the image carries and where it comes from. Its shape (and so its memory) is read
+/// from the file itself by the server's planner (`crate::plan`), not copied here.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Model {
     /// File name under the image's model directory.
     pub file: String,
+    /// Where `cargo xtask model` and the image builders fetch it: an `https://` URL (see
+    /// [`MODEL_URL_PREFIXES`] for the test-only ones). At most one of `url` and `path`; neither means the default model's own
+    /// source (its PyPI chunks, see xtask/src/model.rs).
+    pub url: Option<String>,
+    /// A local copy, used in place: an absolute path.
+    pub path: Option<String>,
+    /// Every source is verified against these (`cargo xtask model --pin` records them for a
+    /// first download).
     pub sha256: String,
     pub size_bytes: u64,
 }
+
+/// Where a profile's model comes from, as [`Model::source`] reads `url` and `path`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelSource<'a> {
+    Url(&'a str),
+    Path(&'a str),
+    /// Neither key: the default model's own source.
+    Default,
+}
+
+/// URL prefixes [`Model::url`] accepts: https, and for tests a local file or an HTTP server on
+/// the loopback interface (plain HTTP nowhere else: the sha256 guards the content, TLS the
+/// source).
+pub const MODEL_URL_PREFIXES: [&str; 5] = [
+    "https://",
+    "file://",
+    "http://127.0.0.1:",
+    "http://localhost:",
+    "http://[::1]:",
+];
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -194,7 +222,17 @@ impl Machine {
 }
 
 impl Model {
+    /// The source the profile names.
+    pub fn source(&self) -> ModelSource<'_> {
+        match (&self.url, &self.path) {
+            (Some(url), _) => ModelSource::Url(url),
+            (None, Some(path)) => ModelSource::Path(path),
+            (None, None) => ModelSource::Default,
+        }
+    }
+
     fn problems(&self, p: &mut Vec<String>) {
+        source_problems(self.url.as_deref(), self.path.as_deref(), p);
         if self.file.contains('/')
             || self.file.contains(char::is_control)
             || !self.file.ends_with(".gguf")
@@ -219,6 +257,32 @@ impl Model {
             p.push(
                 "model.size_bytes is 0: give the file's size (`stat -c %s FILE` prints it)".into(),
             );
+        }
+    }
+}
+
+/// `model.url` and `model.path`, shared with `cargo xtask model --pin`, which reads them before
+/// the profile has a `sha256` to load with.
+pub fn source_problems(url: Option<&str>, path: Option<&str>, p: &mut Vec<String>) {
+    if url.is_some() && path.is_some() {
+        p.push("model.url and model.path are both set: keep the one the model comes from".into());
+    }
+    if let Some(url) = url {
+        let scheme_ok = MODEL_URL_PREFIXES
+            .iter()
+            .any(|s| url.len() > s.len() && url.starts_with(s));
+        if !scheme_ok || url.contains(char::is_whitespace) {
+            p.push(format!(
+                "model.url `{url}` must be an https:// URL without spaces (file:// or \
+                 http://127.0.0.1:PORT/ only for a local test)"
+            ));
+        }
+    }
+    if let Some(path) = path {
+        if !path.starts_with('/') || path.contains(char::is_control) {
+            p.push(format!(
+                "model.path `{path}` must be an absolute path to the .gguf file"
+            ));
         }
     }
 }
@@ -345,4 +409,30 @@ fn is_name(s: &str) -> bool {
         && !s.starts_with('-')
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(url: Option<&str>, path: Option<&str>) -> Vec<String> {
+        let mut p = Vec::new();
+        source_problems(url, path, &mut p);
+        p
+    }
+
+    #[test]
+    fn a_model_comes_from_one_https_url_or_one_absolute_path() {
+        assert!(problems(Some("https://huggingface.co/x/resolve/main/m.gguf"), None).is_empty());
+        assert!(problems(Some("http://127.0.0.1:8000/m.gguf"), None).is_empty());
+        assert!(problems(None, Some("/srv/m.gguf")).is_empty());
+        assert!(problems(None, None).is_empty());
+        let p = problems(Some("http://example.com/m.gguf"), None);
+        assert!(p[0].contains("must be an https:// URL"), "{p:?}");
+        assert_eq!(problems(Some("https://"), None).len(), 1);
+        let p = problems(None, Some("models/m.gguf"));
+        assert!(p[0].contains("absolute path"), "{p:?}");
+        let p = problems(Some("https://h/m.gguf"), Some("/m.gguf"));
+        assert!(p[0].contains("both set"), "{p:?}");
+    }
 }

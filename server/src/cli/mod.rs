@@ -4,6 +4,7 @@ mod inspect;
 mod plan;
 mod run;
 mod serve;
+mod synth;
 mod tokenize;
 
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ enum Cmd {
     Run(run::Run),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::Serve),
+    /// Write a GGUF of a model's real shapes and tensor types with pseudo-random weights.
+    Synth(synth::Synth),
     /// Print the token ids of a text as a JSON array.
     Tokenize(tokenize::Tokenize),
 }
@@ -47,6 +50,7 @@ pub fn main() -> ExitCode {
         Cmd::Plan(c) => c.run(),
         Cmd::Run(c) => c.run(),
         Cmd::Serve(c) => c.run(),
+        Cmd::Synth(c) => c.run(),
         Cmd::Tokenize(c) => c.run(),
     };
     match result {

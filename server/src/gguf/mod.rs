@@ -2,8 +2,10 @@
 //! copied to the heap, so they stay reclaimable, shared page cache.
 
 mod reader;
+pub mod synth;
 mod types;
 mod value;
+pub mod write;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,13 @@
-//! xtask's integration tests: the OCI upload against a strict stand-in CLI, the Nix package's
-//! source, and the deploy/oci/ configuration against the OCI provider's documented names.
+//! xtask's integration tests: the model fetch against a local HTTP server and nix/model.nix's
+//! source, the 1B profile against the planner, the OCI upload against a strict stand-in CLI, the
+//! Nix package's source, and the deploy/oci/ configuration against the OCI provider's documented
+//! names.
 //! `autotests = false`: every integration test of this crate is a module of this one binary,
 //! so the crate's dependencies are linked once.
 
 mod deploy_oci;
+mod model_fetch;
+mod nix_model;
 mod nix_package;
 mod oci_upload;
+mod profile_1b;

@@ -1,0 +1,75 @@
+//! nix/model.nix takes the profile's model source as `cargo xtask model` does: `url` fetched
+//! with the profile's sha256, neither key the default model's copy, no sha256 an error that says
+//! how to pin. Evaluated by plain `nix-instantiate` with nixpkgs' `fetchurl` and the three `lib`
+//! functions it uses replaced by recorders (no nixpkgs here; `path` needs a real store and is
+//! not evaluated).
+
+use std::path::Path;
+use std::process::Command;
+
+/// `nix/model.nix` on `profile`, forced to JSON: what it passes to `fetchurl`, or the error.
+fn eval(profile: &Path) -> Result<serde_json::Value, String> {
+    let root = test_support::workspace_root();
+    let expr = format!(
+        r#"import {}/nix/model.nix {{
+          lib = {{
+            hasPrefix = p: s: builtins.substring 0 (builtins.stringLength p) s == p;
+            removePrefix = p: s: builtins.substring (builtins.stringLength p) (-1) s;
+            assertMsg = ok: msg: ok || throw msg;
+          }};
+          fetchurl = args: {{ fetchurl = args; }};
+          profile = {};
+        }}"#,
+        root.display(),
+        profile.display()
+    );
+    let out = Command::new("nix-instantiate")
+        .args([
+            "--option", "store", "dummy://", "--eval", "--strict", "--json", "-E",
+        ])
+        .arg(expr)
+        .output()
+        .expect("nix-instantiate is missing: install Nix (`apt-get install nix-bin`)");
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn the_nix_model_takes_the_profiles_source_and_pin() {
+    let dir = std::env::temp_dir().join(format!("xtask-nix-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, model: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("[model]\nfile = \"m.gguf\"\n{model}\n")).unwrap();
+        path
+    };
+    let sha = "ab".repeat(32);
+
+    let url = write(
+        "url.toml",
+        &format!("url = \"https://example.org/r/m.gguf\"\nsha256 = \"{sha}\"\nsize_bytes = 5"),
+    );
+    let got = eval(&url).unwrap();
+    assert_eq!(got["fetchurl"]["url"], "https://example.org/r/m.gguf");
+    assert_eq!(got["fetchurl"]["sha256"], sha.as_str());
+    assert_eq!(got["fetchurl"]["name"], "m.gguf");
+
+    let shipped = eval(&test_support::default_profile()).unwrap();
+    let url = shipped["fetchurl"]["url"].as_str().unwrap();
+    assert!(
+        url.starts_with("https://huggingface.co/")
+            && url.ends_with(test_support::DEFAULT_MODEL_FILE),
+        "{url}"
+    );
+
+    let unpinned = write("unpinned.toml", "url = \"https://example.org/m.gguf\"");
+    let e = eval(&unpinned).unwrap_err();
+    assert!(
+        e.contains("model.sha256 is missing") && e.contains("--pin"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,123 @@
+//! appliance/profiles/e2-micro-1b.toml against the server's planner on a file of Gemma 3 1B's
+//! real shapes and IQ4_XS types (`llm-server synth --preset gemma3-1b`, its tokenizer from the
+//! default model): `inspect` shows its real shapes; pinned to that file, the profile loads (every cross-section rule holds) and
+//! its limits hold the plan at its context and slots. Unpinned, as committed, it does not load.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use appliance::plan::{self, ServerPlan};
+use appliance::Profile;
+use sha2::{Digest, Sha256};
+
+/// This workspace's `llm-server`, built for the profile these tests were built with.
+fn llm_server() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        Some(name) => name,
+        None => panic!("no cargo profile directory above {}", exe.display()),
+    };
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "llm-server",
+            "--bin",
+            "llm-server",
+        ])
+        .args(["--profile", profile])
+        .current_dir(test_support::workspace_root())
+        .status()
+        .unwrap();
+    assert!(status.success(), "cargo could not build llm-server");
+    dir.join("llm-server")
+}
+
+#[test]
+fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
+    let path = test_support::workspace_root().join("appliance/profiles/e2-micro-1b.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let e = Profile::parse(&text, &path).unwrap_err().to_string();
+    assert!(
+        e.contains("sha256"),
+        "the committed profile is unpinned: {e}"
+    );
+
+    let server = llm_server();
+    let dir = std::env::temp_dir().join(format!("xtask-profile-1b-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("gemma-3-1b-it-iq4_xs.gguf");
+    let out = Command::new(&server)
+        .args(["synth", "--preset", "gemma3-1b", "--mix", "iq4_xs", "--out"])
+        .arg(&model)
+        .arg("--vocab-from")
+        .arg(test_support::default_model())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `inspect` shows the real shapes, types and byte counts.
+    let out = Command::new(&server)
+        .arg("inspect")
+        .arg("-m")
+        .arg(&model)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    for row in [
+        "token_embd.weight q8_0 [1152, 262144] 320864256",
+        "blk.25.attn_v.weight q5_1 [1152, 256] 221184",
+        "blk.25.ffn_down.weight iq4_xs [6912, 1152] 4230144",
+        "blk.25.ffn_up.weight iq4_nl [1152, 6912] 4478976",
+    ] {
+        let found = table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ") == row);
+        assert!(found, "no `{row}` in:\n{table}");
+    }
+    let bytes = std::fs::read(&model).unwrap();
+    // The published IQ4_XS file is about 714 MB.
+    assert!(
+        (700e6..730e6).contains(&(bytes.len() as f64)),
+        "{}",
+        bytes.len()
+    );
+    let sha256 = format!("{:x}", Sha256::digest(&bytes));
+    drop(bytes);
+
+    let url_line = text.lines().find(|l| l.starts_with("url = ")).unwrap();
+    let pinned = text.replacen(
+        url_line,
+        &format!(
+            "{url_line}\nsha256 = \"{sha256}\"\nsize_bytes = {}",
+            std::fs::metadata(&model).unwrap().len()
+        ),
+        1,
+    );
+    let profile = Profile::parse(&pinned, &path).unwrap();
+    assert!(profile
+        .model
+        .url
+        .as_deref()
+        .unwrap()
+        .starts_with("https://huggingface.co/"));
+    let s = &profile.server;
+    let out = Command::new(&server)
+        .args(plan::args(model.to_str().unwrap(), s.ctx_size, s.parallel))
+        .output()
+        .unwrap();
+    assert!(
+        matches!(out.status.code(), Some(0 | 2)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = ServerPlan::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    profile.check_plan(&plan).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
