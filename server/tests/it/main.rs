@@ -21,5 +21,6 @@ mod serve_api;
 mod serve_clients;
 mod serve_load;
 mod serve_memory;
+mod serve_structured;
 mod tokenizer_bpe;
 mod tokenizer_spm;

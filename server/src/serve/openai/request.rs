@@ -9,6 +9,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::engine::chat_template::Turn;
 use crate::engine::Generation;
+use crate::grammar::Spec;
 use crate::sampler::SamplerParams;
 use crate::serve::error::ApiError;
 
@@ -32,6 +33,8 @@ pub struct Checked<I> {
     pub input: I,
     pub generation: Generation,
     pub delivery: Delivery,
+    /// The output's required form, and the parameter that asked for it (for errors).
+    pub constraint: Option<(&'static str, Spec)>,
 }
 
 /// How the answer is sent.
@@ -41,11 +44,13 @@ pub struct Delivery {
     pub stream: bool,
     /// A last chunk with the token counts (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// Each choice and chunk carries the tokens' log-probabilities.
+    pub logprobs: bool,
 }
 
 impl ChatRequest {
     pub fn check(self) -> Result<Checked<Vec<Turn>>, ApiError> {
-        let (generation, delivery) = self.generation.check()?;
+        let (generation, delivery, constraint) = self.generation.check()?;
         if self.messages.is_empty() {
             return Err(ApiError::bad_param(
                 "messages",
@@ -66,17 +71,19 @@ impl ChatRequest {
             input: turns,
             generation,
             delivery,
+            constraint,
         })
     }
 }
 
 impl CompletionRequest {
     pub fn check(self) -> Result<Checked<PromptInput>, ApiError> {
-        let (generation, delivery) = self.generation.check()?;
+        let (generation, delivery, constraint) = self.generation.check()?;
         Ok(Checked {
             input: self.prompt.into_input()?,
             generation,
             delivery,
+            constraint,
         })
     }
 }
@@ -209,6 +216,44 @@ generation_request! {
     n: Option<u32>,
     stream: bool,
     stream_options: Option<StreamOptions>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}`.
+    response_format: Option<ResponseFormat>,
+    /// A GBNF grammar (llama.cpp's syntax) the output must follow.
+    grammar: Option<String>,
+    /// Chat: `true`/`false`; completions: how many alternatives per token.
+    logprobs: Option<LogprobsParam>,
+    /// Chat: alternatives per token, with `logprobs: true`.
+    top_logprobs: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum LogprobsParam {
+    Flag(bool),
+    Count(u32),
+}
+
+/// OpenAI's limit on `top_logprobs`.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// OpenAI's `response_format`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+    /// Accepted; the schema is always enforced, strict or not.
+    #[serde(default)]
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -228,8 +273,10 @@ pub struct StreamOptions {
 const MAX_STOPS: usize = 16;
 
 impl GenerationRequest {
-    /// The engine's settings and the answer's delivery; refuses values out of range by name.
-    pub fn check(self) -> Result<(Generation, Delivery), ApiError> {
+    /// The engine's settings, the answer's delivery and the output's required form; refuses
+    /// values out of range by name.
+    #[allow(clippy::type_complexity)]
+    pub fn check(self) -> Result<(Generation, Delivery, Option<(&'static str, Spec)>), ApiError> {
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::bad_param(
                 "n",
@@ -285,12 +332,75 @@ impl GenerationRequest {
             },
             max_tokens,
             stop,
+            constraint: None,
+            logprobs: None,
         };
         let delivery = Delivery {
             stream: self.stream,
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+            logprobs: false,
         };
-        Ok((generation, delivery))
+        let constraint = output_form(self.response_format, self.grammar)?;
+        let generation = Generation {
+            logprobs: logprobs(self.logprobs, self.top_logprobs)?,
+            ..generation
+        };
+        let delivery = Delivery {
+            logprobs: generation.logprobs.is_some(),
+            ..delivery
+        };
+        Ok((generation, delivery, constraint))
+    }
+}
+
+/// How many alternatives per token to report, if log-probabilities are asked for at all.
+fn logprobs(logprobs: Option<LogprobsParam>, top: Option<u32>) -> Result<Option<usize>, ApiError> {
+    let n = match (logprobs, top) {
+        (None | Some(LogprobsParam::Flag(false)), Some(n)) if n > 0 => {
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
+        }
+        (None | Some(LogprobsParam::Flag(false)), _) => return Ok(None),
+        (Some(LogprobsParam::Flag(true)), top) => top.unwrap_or(0),
+        (Some(LogprobsParam::Count(n)), _) => n,
+    };
+    if n > MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad_param(
+            "top_logprobs",
+            format!("{n} alternatives per token asked for; at most {MAX_TOP_LOGPROBS} are given"),
+        ));
+    }
+    Ok(Some(n as usize))
+}
+
+/// What `response_format` and `grammar` ask of the output (at most one of them).
+fn output_form(
+    format: Option<ResponseFormat>,
+    grammar: Option<String>,
+) -> Result<Option<(&'static str, Spec)>, ApiError> {
+    let format = match format {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(Spec::JsonObject),
+        Some(ResponseFormat::JsonSchema { json_schema }) => match json_schema.schema {
+            Some(schema) => Some(Spec::JsonSchema(schema)),
+            None => {
+                return Err(ApiError::bad_param(
+                    "response_format",
+                    "response_format.json_schema has no `schema`: give the JSON schema the answer must follow",
+                ))
+            }
+        },
+    };
+    match (format, grammar) {
+        (Some(_), Some(_)) => Err(ApiError::bad_param(
+            "grammar",
+            "both grammar and a JSON response_format are given: send one of them",
+        )),
+        (Some(spec), None) => Ok(Some(("response_format", spec))),
+        (None, Some(g)) => Ok(Some(("grammar", Spec::Gbnf(g)))),
+        (None, None) => Ok(None),
     }
 }
 
@@ -396,7 +506,61 @@ mod tests {
     }
 
     fn generation(json: &str) -> Result<(Generation, Delivery), ApiError> {
-        chat(json).unwrap().generation.check()
+        chat(json)
+            .unwrap()
+            .generation
+            .check()
+            .map(|(g, d, _)| (g, d))
+    }
+
+    #[test]
+    fn logprobs_flags_and_counts() {
+        let n = |json: &str| generation(json).map(|(g, _)| g.logprobs);
+        assert_eq!(n(r#"{"messages":[]}"#).unwrap(), None);
+        assert_eq!(n(r#"{"messages":[],"logprobs":false}"#).unwrap(), None);
+        assert_eq!(n(r#"{"messages":[],"logprobs":true}"#).unwrap(), Some(0));
+        assert_eq!(
+            n(r#"{"messages":[],"logprobs":true,"top_logprobs":5}"#).unwrap(),
+            Some(5)
+        );
+        assert_eq!(n(r#"{"messages":[],"logprobs":3}"#).unwrap(), Some(3));
+        assert!(n(r#"{"messages":[],"logprobs":true,"top_logprobs":21}"#).is_err());
+        assert!(n(r#"{"messages":[],"top_logprobs":2}"#).is_err());
+    }
+
+    #[test]
+    fn response_format_and_grammar() {
+        let form = |json: &str| chat(json).unwrap().generation.check().map(|(_, _, f)| f);
+        assert_eq!(
+            form(r#"{"messages":[],"response_format":{"type":"text"}}"#).unwrap(),
+            None
+        );
+        assert_eq!(
+            form(r#"{"messages":[],"response_format":{"type":"json_object"}}"#).unwrap(),
+            Some(("response_format", Spec::JsonObject))
+        );
+        let schema = r#"{"messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"integer"}}}}"#;
+        assert_eq!(
+            form(schema).unwrap(),
+            Some((
+                "response_format",
+                Spec::JsonSchema(serde_json::json!({"type":"integer"}))
+            ))
+        );
+        assert_eq!(
+            form(r#"{"messages":[],"grammar":"root ::= \"a\""}"#).unwrap(),
+            Some(("grammar", Spec::Gbnf("root ::= \"a\"".into())))
+        );
+        for bad in [
+            r#"{"messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"n"}}}"#,
+            r#"{"messages":[],"response_format":{"type":"json_object"},"grammar":"root ::= \"a\""}"#,
+        ] {
+            assert!(
+                matches!(form(bad), Err(ApiError::BadRequest { .. })),
+                "{bad}"
+            );
+        }
+        assert!(chat(r#"{"messages":[],"response_format":{"type":"yaml"}}"#).is_err());
     }
 
     #[test]
@@ -456,13 +620,27 @@ mod tests {
     /// Every parameter is read from the body: a value of the wrong type is refused by name.
     #[test]
     fn every_parameter_is_read() {
-        assert_eq!(GenerationRequest::FIELDS.len(), 15);
+        assert_eq!(GenerationRequest::FIELDS.len(), 19);
         for field in GenerationRequest::FIELDS {
             // `[[]]` is of no parameter's type.
             let body = format!(r#"{{"messages":[],"{field}":[[]]}}"#);
             let mut de = serde_json::Deserializer::from_str(&body);
             let err = serde_path_to_error::deserialize::<_, ChatRequest>(&mut de).unwrap_err();
             assert!(err.path().to_string().starts_with(field), "{field}: {err}");
+        }
+    }
+
+    /// `/openapi.json` documents every parameter that is read.
+    #[test]
+    fn every_parameter_is_in_the_openapi_spec() {
+        let spec: serde_json::Value =
+            serde_json::from_str(include_str!("../openapi.json")).unwrap();
+        let documented = &spec["components"]["schemas"]["GenerationParameters"]["properties"];
+        for field in GenerationRequest::FIELDS {
+            assert!(
+                documented.get(field).is_some(),
+                "{field} is not in openapi.json"
+            );
         }
     }
 

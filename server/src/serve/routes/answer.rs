@@ -12,10 +12,11 @@ use futures_util::stream;
 use serde::Serialize;
 
 use crate::engine::{Event, Events, FinishReason, JobFailure, Usage};
+use crate::sampler::TokenLogprob;
 use crate::serve::error::ApiError;
 use crate::serve::openai::{
-    finish_reason, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChunkChoice, Delivery,
-    Delta, TextChoice, TextCompletion,
+    chat_logprobs, completion_logprobs, finish_reason, AssistantMessage, ChatChoice, ChatChunk,
+    ChatCompletion, ChunkChoice, Delivery, Delta, TextChoice, TextCompletion,
 };
 use crate::serve::unix_now;
 
@@ -33,6 +34,7 @@ struct Meta {
     model: String,
     kind: Kind,
     include_usage: bool,
+    logprobs: bool,
 }
 
 /// Answers from the events of a submitted job. Waiting for the first event lets queueing
@@ -50,6 +52,7 @@ pub async fn answer(
         model: model.to_owned(),
         kind,
         include_usage: delivery.include_usage,
+        logprobs: delivery.logprobs,
     };
     let first = events.recv().await;
     if let Some(Event::Failed(failure)) = first {
@@ -78,11 +81,18 @@ async fn collect(
     timeout: u64,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     loop {
         match next {
-            Some(Event::Text(piece)) => text.push_str(&piece),
+            Some(Event::Text {
+                text: piece,
+                logprobs: l,
+            }) => {
+                text.push_str(&piece);
+                logprobs.extend(l);
+            }
             Some(Event::Done { finish, usage }) => {
-                return Ok(final_body(&meta, text, finish, usage))
+                return Ok(final_body(&meta, text, &logprobs, finish, usage))
             }
             Some(Event::Failed(failure)) => return Err(failure_error(failure, timeout)),
             None => {
@@ -95,7 +105,17 @@ async fn collect(
     }
 }
 
-fn final_body(meta: &Meta, text: String, finish: FinishReason, usage: Usage) -> Response {
+fn final_body(
+    meta: &Meta,
+    text: String,
+    logprobs: &[TokenLogprob],
+    finish: FinishReason,
+    usage: Usage,
+) -> Response {
+    let logprobs = meta.logprobs.then(|| match meta.kind {
+        Kind::Chat => chat_logprobs(logprobs),
+        Kind::Completion => completion_logprobs(logprobs, &mut 0),
+    });
     match meta.kind {
         Kind::Chat => Json(ChatCompletion {
             id: &meta.id,
@@ -108,7 +128,7 @@ fn final_body(meta: &Meta, text: String, finish: FinishReason, usage: Usage) -> 
                     role: "assistant",
                     content: text,
                 },
-                logprobs: None,
+                logprobs,
                 finish_reason: finish_reason(finish),
             }],
             usage: usage.into(),
@@ -122,7 +142,7 @@ fn final_body(meta: &Meta, text: String, finish: FinishReason, usage: Usage) -> 
             choices: vec![TextChoice {
                 index: 0,
                 text: &text,
-                logprobs: None,
+                logprobs,
                 finish_reason: Some(finish_reason(finish)),
             }],
             usage: Some(Some(usage.into())),
@@ -141,7 +161,7 @@ fn sse(
     let mut out = VecDeque::new();
     if meta.kind == Kind::Chat {
         // OpenAI opens a chat stream with the role and empty content.
-        out.push_back(meta.chunk(Some("assistant"), Some(""), None));
+        out.push_back(meta.chunk(Some("assistant"), Some(""), None, None));
     }
     let state = SseState {
         meta,
@@ -150,6 +170,7 @@ fn sse(
         out,
         ended: false,
         timeout,
+        text_offset: 0,
     };
     let events = stream::unfold(state, |mut st| async move {
         loop {
@@ -177,18 +198,24 @@ struct SseState {
     out: VecDeque<SseEvent>,
     ended: bool,
     timeout: u64,
+    /// Characters of completion text sent so far (completions' `text_offset`).
+    text_offset: usize,
 }
 
 impl SseState {
     /// Queues the SSE events for one engine event.
     fn translate(&mut self, event: Option<Event>) {
         match event {
-            Some(Event::Text(text)) => {
-                let chunk = self.meta.chunk(None, Some(&text), None);
+            Some(Event::Text { text, logprobs }) => {
+                let logprobs = self.meta.logprobs.then(|| match self.meta.kind {
+                    Kind::Chat => chat_logprobs(&logprobs),
+                    Kind::Completion => completion_logprobs(&logprobs, &mut self.text_offset),
+                });
+                let chunk = self.meta.chunk(None, Some(&text), logprobs, None);
                 self.out.push_back(chunk);
             }
             Some(Event::Done { finish, usage }) => {
-                let last = self.meta.chunk(None, None, Some(finish));
+                let last = self.meta.chunk(None, None, None, Some(finish));
                 self.out.push_back(last);
                 if self.meta.include_usage {
                     let usage = self.meta.usage_chunk(usage);
@@ -222,6 +249,7 @@ impl Meta {
         &self,
         role: Option<&'static str>,
         text: Option<&str>,
+        logprobs: Option<serde_json::Value>,
         finish: Option<FinishReason>,
     ) -> SseEvent {
         let usage = self.include_usage.then_some(None);
@@ -237,7 +265,7 @@ impl Meta {
                         role,
                         content: text,
                     },
-                    logprobs: None,
+                    logprobs,
                     finish_reason: finish.map(finish_reason),
                 }],
                 usage,
@@ -250,7 +278,7 @@ impl Meta {
                 choices: vec![TextChoice {
                     index: 0,
                     text: text.unwrap_or(""),
-                    logprobs: None,
+                    logprobs,
                     finish_reason: finish.map(finish_reason),
                 }],
                 usage,
