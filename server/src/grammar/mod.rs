@@ -73,6 +73,12 @@ impl Spec {
 
 /// `start: %json {...}` for `schema`, with our JSON layout options merged in.
 pub fn json_schema_lark(schema: &serde_json::Value) -> Result<String, GrammarError> {
+    Ok(format!("start: {}", json_lark(schema)?))
+}
+
+/// `%json {...}`: the Lark expression for JSON valid against `schema`, laid out as all our JSON
+/// is (for embedding in larger grammars, such as a tool call's).
+pub fn json_lark(schema: &serde_json::Value) -> Result<String, GrammarError> {
     let serde_json::Value::Object(map) = schema else {
         return Err(GrammarError(
             "the JSON schema must be an object (e.g. {\"type\": \"object\", ...})".into(),
@@ -85,7 +91,7 @@ pub fn json_schema_lark(schema: &serde_json::Value) -> Result<String, GrammarErr
     }
     let mut map = map.clone();
     map.insert("x-guidance".into(), json_options());
-    Ok(format!("start: %json {}", serde_json::Value::Object(map)))
+    Ok(format!("%json {}", serde_json::Value::Object(map)))
 }
 
 impl Constraint {

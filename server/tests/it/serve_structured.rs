@@ -200,3 +200,42 @@ fn grammar_mask_cost_per_token() {
         "mask {mask_ms:.3} ms vs decode {eval_ms:.2} ms"
     );
 }
+
+/// Tools with the `openai` SDK on the default model (Gemma 3: the documented prompt format):
+/// `tool_choice="required"` gives a call whose arguments validate, streamed as deltas too; a
+/// named function is the one called; `auto` answers; a `tool` message is accepted.
+#[test]
+fn tool_calls_with_the_openai_sdk() {
+    let app = App::start(default_model());
+    let base = format!("http://{}/v1", app.listen());
+    let out = crate::serve_support::python("tools_client.py", &["openai", "jsonschema"], &[&base]);
+    let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    eprintln!("{v:#}");
+    for case in ["required", "required_stream"] {
+        let r = &v[case];
+        assert_eq!(r["finish"], "tool_calls", "{case}: {r}");
+        let calls = r["calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{case}: {r}");
+        assert!(
+            matches!(calls[0]["name"].as_str(), Some("get_weather" | "get_time")),
+            "{r}"
+        );
+        assert_eq!(calls[0]["error"], Value::Null, "{case}: {r}");
+    }
+    // Greedy: the streamed call is the plain one.
+    let (plain, streamed) = (
+        &v["required"]["calls"][0],
+        &v["required_stream"]["calls"][0],
+    );
+    assert_eq!(plain["name"], streamed["name"]);
+    assert_eq!(plain["arguments"], streamed["arguments"]);
+    assert_eq!(v["named"]["name"], "get_time");
+    assert_eq!(v["named"]["finish"], "tool_calls");
+    assert_eq!(v["named"]["error"], Value::Null);
+    assert_eq!(v["auto"]["has_content_or_calls"], true, "{}", v["auto"]);
+    assert!(
+        v["after_tool"]["content"].is_string(),
+        "{}",
+        v["after_tool"]
+    );
+}

@@ -7,11 +7,12 @@ use std::marker::PhantomData;
 use serde::de::{self, DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::engine::chat_template::Turn;
+use crate::engine::chat_template::{ToolSyntax, Turn};
 use crate::engine::Generation;
 use crate::grammar::Spec;
 use crate::sampler::SamplerParams;
 use crate::serve::error::ApiError;
+use crate::serve::openai::tools::{ToolChoice, ToolRequest};
 
 /// `POST /v1/chat/completions`.
 #[derive(Debug)]
@@ -35,6 +36,8 @@ pub struct Checked<I> {
     pub delivery: Delivery,
     /// The output's required form, and the parameter that asked for it (for errors).
     pub constraint: Option<(&'static str, Spec)>,
+    /// The functions the model may call (chat only; none with `tool_choice: "none"`).
+    pub tools: Option<ToolRequest>,
 }
 
 /// How the answer is sent.
@@ -46,11 +49,23 @@ pub struct Delivery {
     pub include_usage: bool,
     /// Each choice and chunk carries the tokens' log-probabilities.
     pub logprobs: bool,
+    /// Tools are offered: calls in this syntax are read back into `tool_calls`.
+    pub tools: Option<ToolSyntax>,
 }
 
 impl ChatRequest {
-    pub fn check(self) -> Result<Checked<Vec<Turn>>, ApiError> {
+    pub fn check(mut self) -> Result<Checked<Vec<Turn>>, ApiError> {
+        let tools = tool_request(
+            self.generation.tools.take(),
+            self.generation.tool_choice.take(),
+        )?;
         let (generation, delivery, constraint) = self.generation.check()?;
+        if tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) && constraint.is_some() {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "a required tool call and a response_format/grammar are both given: send one of them",
+            ));
+        }
         if self.messages.is_empty() {
             return Err(ApiError::bad_param(
                 "messages",
@@ -64,6 +79,8 @@ impl ChatRequest {
                 Ok(Turn {
                     role: m.role.clone(),
                     content: m.text()?,
+                    tool_calls: m.template_tool_calls(),
+                    tool_call_id: m.tool_call_id.clone(),
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
@@ -72,18 +89,26 @@ impl ChatRequest {
             generation,
             delivery,
             constraint,
+            tools,
         })
     }
 }
 
 impl CompletionRequest {
     pub fn check(self) -> Result<Checked<PromptInput>, ApiError> {
+        if self.generation.tools.is_some() {
+            return Err(ApiError::bad_param(
+                "tools",
+                "tools are for /v1/chat/completions; completions continue text",
+            ));
+        }
         let (generation, delivery, constraint) = self.generation.check()?;
         Ok(Checked {
             input: self.prompt.into_input()?,
             generation,
             delivery,
             constraint,
+            tools: None,
         })
     }
 }
@@ -93,6 +118,27 @@ pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant message's calls, as OpenAI returned them.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A `tool` message answers this call.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessageToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub function: CalledFunction,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CalledFunction {
+    pub name: String,
+    /// JSON text, as OpenAI sends it.
+    #[serde(default)]
+    pub arguments: String,
 }
 
 /// A message's content: a string, or a list of parts of which we can read the text ones.
@@ -112,6 +158,25 @@ pub struct ContentPart {
 }
 
 impl ChatMessage {
+    /// The calls as chat templates read them: arguments as an object (text that is no JSON
+    /// object stays text).
+    fn template_tool_calls(&self) -> Option<serde_json::Value> {
+        let calls = self.tool_calls.as_ref()?;
+        Some(serde_json::Value::Array(
+            calls
+                .iter()
+                .map(|c| {
+                    let args = serde_json::from_str::<serde_json::Value>(&c.function.arguments)
+                        .ok()
+                        .filter(serde_json::Value::is_object)
+                        .unwrap_or_else(|| c.function.arguments.clone().into());
+                    serde_json::json!({"id": c.id, "type": "function",
+                        "function": {"name": c.function.name, "arguments": args}})
+                })
+                .collect(),
+        ))
+    }
+
     /// The message's text; parts other than text (images, audio) are refused, not dropped.
     pub fn text(&self) -> Result<String, ApiError> {
         match &self.content {
@@ -224,6 +289,95 @@ generation_request! {
     logprobs: Option<LogprobsParam>,
     /// Chat: alternatives per token, with `logprobs: true`.
     top_logprobs: Option<u32>,
+    /// Chat: OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`.
+    tools: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    /// Chat: "auto", "none", "required" or `{"type": "function", "function": {"name": ...}}`.
+    tool_choice: Option<ToolChoiceParam>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoiceParam {
+    Mode(String),
+    Named { function: NamedFunction },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// Checks `tools` (each a function with a name) and `tool_choice` against them.
+fn tool_request(
+    tools: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    choice: Option<ToolChoiceParam>,
+) -> Result<Option<ToolRequest>, ApiError> {
+    let tools: Vec<serde_json::Value> = tools
+        .unwrap_or_default()
+        .into_iter()
+        .map(serde_json::Value::Object)
+        .collect();
+    for (i, tool) in tools.iter().enumerate() {
+        let named = tool["function"]["name"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty());
+        if tool["type"] != "function" || !named {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!("tools[{i}] is not {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}: only functions can be called"),
+            ));
+        }
+        if !matches!(
+            tool["function"].get("parameters"),
+            None | Some(serde_json::Value::Object(_))
+        ) {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!("tools[{i}].function.parameters must be a JSON schema object"),
+            ));
+        }
+    }
+    let choice = match choice {
+        None => ToolChoice::Auto,
+        Some(ToolChoiceParam::Mode(m)) => match m.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => return Ok(None),
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::bad_param(
+                    "tool_choice",
+                    format!(
+                    "tool_choice `{other}` is not one of auto, none, required or a named function"
+                ),
+                ))
+            }
+        },
+        Some(ToolChoiceParam::Named { function }) => {
+            if !tools
+                .iter()
+                .any(|t| t["function"]["name"] == function.name.as_str())
+            {
+                return Err(ApiError::bad_param(
+                    "tool_choice",
+                    format!(
+                        "tool_choice names `{}`, which is not among the tools",
+                        function.name
+                    ),
+                ));
+            }
+            ToolChoice::Named(function.name)
+        }
+    };
+    if tools.is_empty() {
+        return match choice {
+            ToolChoice::Auto => Ok(None),
+            _ => Err(ApiError::bad_param(
+                "tool_choice",
+                "tool_choice asks for a call but no tools are given",
+            )),
+        };
+    }
+    Ok(Some(ToolRequest { tools, choice }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -339,6 +493,7 @@ impl GenerationRequest {
             stream: self.stream,
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
             logprobs: false,
+            tools: None,
         };
         let constraint = output_form(self.response_format, self.grammar)?;
         let generation = Generation {
@@ -514,6 +669,53 @@ mod tests {
     }
 
     #[test]
+    fn tools_and_tool_choice() {
+        let tools = r#""tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]"#;
+        let check = |extra: &str| {
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],{extra}}}"#
+            ))
+            .unwrap()
+            .check()
+            .map(|c| c.tools.map(|t| t.choice))
+        };
+        assert_eq!(check(tools).unwrap(), Some(ToolChoice::Auto));
+        assert_eq!(
+            check(&format!(r#"{tools},"tool_choice":"none""#)).unwrap(),
+            None
+        );
+        assert_eq!(
+            check(&format!(r#"{tools},"tool_choice":"required""#)).unwrap(),
+            Some(ToolChoice::Required)
+        );
+        assert_eq!(
+            check(&format!(
+                r#"{tools},"tool_choice":{{"type":"function","function":{{"name":"f"}}}}"#
+            ))
+            .unwrap(),
+            Some(ToolChoice::Named("f".into()))
+        );
+        for bad in [
+            format!(r#"{tools},"tool_choice":{{"type":"function","function":{{"name":"g"}}}}"#),
+            format!(r#"{tools},"tool_choice":"sometimes""#),
+            r#""tool_choice":"required""#.to_string(),
+            r#""tools":[{"type":"retrieval"}]"#.to_string(),
+            format!(
+                r#"{tools},"tool_choice":"required","response_format":{{"type":"json_object"}}"#
+            ),
+        ] {
+            assert!(check(&bad).is_err(), "{bad}");
+        }
+        let msgs = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"2"}]}"#;
+        let turns = chat(msgs).unwrap().check().unwrap().input;
+        assert_eq!(
+            turns[0].tool_calls.as_ref().unwrap()[0]["function"]["arguments"]["x"],
+            1
+        );
+        assert_eq!(turns[1].tool_call_id.as_deref(), Some("c1"));
+    }
+
+    #[test]
     fn logprobs_flags_and_counts() {
         let n = |json: &str| generation(json).map(|(g, _)| g.logprobs);
         assert_eq!(n(r#"{"messages":[]}"#).unwrap(), None);
@@ -620,7 +822,7 @@ mod tests {
     /// Every parameter is read from the body: a value of the wrong type is refused by name.
     #[test]
     fn every_parameter_is_read() {
-        assert_eq!(GenerationRequest::FIELDS.len(), 19);
+        assert_eq!(GenerationRequest::FIELDS.len(), 21);
         for field in GenerationRequest::FIELDS {
             // `[[]]` is of no parameter's type.
             let body = format!(r#"{{"messages":[],"{field}":[[]]}}"#);

@@ -8,10 +8,12 @@ use axum::response::Response;
 
 use super::answer::{self, Kind};
 use super::blocking;
+use crate::engine::chat_template::ToolSyntax;
 use crate::engine::{Engine, Generation, Refused};
 use crate::grammar::{Constraint, Spec};
 use crate::serve::error::ApiError;
 use crate::serve::extract::JsonBody;
+use crate::serve::openai::tools::{self, ToolChoice};
 use crate::serve::openai::{ChatRequest, Checked, CompletionRequest, Delivery, PromptInput};
 use crate::serve::AppState;
 
@@ -27,12 +29,25 @@ pub async fn chat(
     let Checked {
         input: turns,
         mut generation,
-        delivery,
-        constraint,
+        mut delivery,
+        mut constraint,
+        tools,
     } = req.check()?;
+    if let Some(tools) = &tools {
+        let syntax = ToolSyntax::for_template(state.engine()?.model().chat_template());
+        delivery.tools = Some(syntax);
+        if tools.choice != ToolChoice::Auto {
+            let lark = tools::call_grammar(syntax, tools)
+                .map_err(|e| ApiError::bad_param("tools", e.to_string()))?;
+            constraint = Some(("tools", Spec::Lark(lark)));
+        }
+    }
     let (prompt, compiled) = blocking(&state, "tokenizer", move |engine| {
         let compiled = compile(engine, constraint)?;
-        let prompt = engine.chat_prompt(&turns);
+        let prompt = match &tools {
+            Some(t) => engine.chat_prompt_with_tools(&turns, &t.tools),
+            None => engine.chat_prompt(&turns),
+        };
         let prompt = prompt.map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
         Ok((prompt, compiled))
     })
@@ -51,6 +66,7 @@ pub async fn completions(
         mut generation,
         delivery,
         constraint,
+        tools: _,
     } = req.check()?;
     let n_vocab = state.engine()?.model().tokenizer().n_vocab();
     let (prompt, compiled) = blocking(&state, "tokenizer", move |engine| {
