@@ -38,6 +38,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/health"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
+    ("get", "/"),
 ];
 
 /// The OpenAPI description of [`ROUTES`], served at `/openapi.json`.
@@ -173,6 +174,7 @@ pub fn router(state: AppState) -> Router {
         probes
     };
     api.merge(probes)
+        .route("/", get(routes::ui::page)) // the chat page: never behind a key (it asks for one)
         .fallback(routes::info::not_found)
         .method_not_allowed_fallback(routes::info::method_not_allowed)
         .layer(DefaultBodyLimit::max(http.body_limit))

@@ -12,6 +12,7 @@
 mod serve_support;
 mod tokenizer_common;
 
+mod chat_page;
 mod cli;
 mod cpu_guard;
 mod dequant_vs_gguf_py;
