@@ -3,6 +3,7 @@
 pub mod cpu;
 pub mod engine;
 pub mod gguf;
+pub mod grammar;
 pub mod limits;
 pub mod model;
 pub mod plan;

@@ -1,6 +1,7 @@
 //! Token sampling: penalties, top-k, top-p, min-p and temperature, in llama.cpp's order,
 //! from buffers allocated once. The same seed gives the same tokens.
 
+use llguidance::toktrie::SimpleVob;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -23,6 +24,22 @@ pub struct SamplerParams {
     /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
     pub seed: u64,
+}
+
+/// One generated token's log-probability and the most likely alternatives, highest first (see
+/// [`Logprobs`] for which logits), as the engine reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: Candidate,
+    pub top: Vec<Candidate>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    /// The token's bytes (part of a UTF-8 character for byte tokens).
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
 }
 
 impl Default for SamplerParams {
@@ -56,6 +73,21 @@ pub struct Sampler {
     /// (token, logit) candidates, and per-token occurrence counts for the penalties.
     cand: Vec<(u32, f32)>,
     counts: Vec<u32>,
+    /// Whether [`Sampler::sample_allowed`] is to fill `processed`.
+    keep_processed: bool,
+    /// Every token's logit after the penalties, kept for log-probabilities (allocated at the
+    /// first request for them, then reused).
+    processed: Vec<f32>,
+}
+
+/// A sampled token's log-probability and the most likely tokens with theirs, highest first:
+/// log-softmax over the whole vocabulary of the logits after the penalties, divided by the
+/// temperature (1 when sampling greedily), before top-k/top-p/min-p and any grammar mask.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -71,6 +103,8 @@ impl Sampler {
             params,
             cand: Vec::with_capacity(n_vocab),
             counts: vec![0; n_vocab],
+            keep_processed: false,
+            processed: Vec::new(),
         }
     }
 
@@ -85,6 +119,62 @@ impl Sampler {
 
     /// Picks the next token from `logits`, given the tokens so far (`history`).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        self.sample_allowed(logits, history, None)
+    }
+
+    /// As [`Sampler::sample_allowed`], and the chosen token's [`Logprobs`] with the `top_n`
+    /// most likely alternatives.
+    pub fn sample_logprobs(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        allowed: Option<&SimpleVob>,
+        top_n: usize,
+    ) -> (u32, Logprobs) {
+        self.keep_processed = true;
+        let token = self.sample_allowed(logits, history, allowed);
+        self.keep_processed = false;
+        let t = if self.params.temperature > 0.0 {
+            self.params.temperature
+        } else {
+            1.0
+        };
+        let l = &self.processed;
+        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = l.iter().map(|&x| (((x - max) / t) as f64).exp()).sum();
+        let lse = max / t + sum.ln() as f32;
+        let logprob = |x: f32| x / t - lse;
+        // The top_n (at most 20) by a running insertion: one pass, no sort of the vocabulary.
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(top_n + 1);
+        if top_n > 0 {
+            for (i, &x) in l.iter().enumerate() {
+                if top.len() == top_n && x <= top[top_n - 1].1 {
+                    continue;
+                }
+                let at = top.partition_point(|c| c.1 >= x);
+                top.insert(at, (i as u32, x));
+                top.truncate(top_n);
+            }
+        }
+        let top = top.into_iter().map(|(i, x)| (i, logprob(x))).collect();
+        let chosen = Logprobs {
+            token,
+            logprob: logprob(l[token as usize]),
+            top,
+        };
+        (token, chosen)
+    }
+
+    /// As [`Sampler::sample`], among the tokens `allowed` only (a grammar's mask). The mask is
+    /// applied after the penalties and before top-k/top-p/min-p, as llama.cpp applies its
+    /// grammar, so that the truncations keep only tokens that may be chosen. The mask must
+    /// allow at least one token.
+    pub fn sample_allowed(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        allowed: Option<&SimpleVob>,
+    ) -> u32 {
         let p = &self.params;
         let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
         let penalise = !recent.is_empty()
@@ -113,6 +203,17 @@ impl Sampler {
                 };
                 *l -= *count as f32 * p.frequency_penalty + p.presence_penalty;
                 *count = 0;
+            }
+        }
+        if self.keep_processed {
+            self.processed.clear();
+            self.processed.extend(self.cand.iter().map(|c| c.1));
+        }
+        if let Some(mask) = allowed {
+            self.cand.retain(|c| mask.is_allowed(c.0));
+            if self.cand.is_empty() {
+                // Nothing allowed is the grammar's bug; end-of-generation is the safe answer.
+                return mask.first_bit_set().map_or(0, |t| t as u32);
             }
         }
         if p.temperature <= 0.0 {
@@ -254,6 +355,57 @@ mod tests {
             4,
             "two: 4.88 < 4.9"
         );
+    }
+
+    #[test]
+    fn logprobs_are_log_softmax_after_penalties_and_temperature() {
+        let l = vec![1.0f32, 3.0, 2.0, 0.5];
+        let p = SamplerParams {
+            temperature: 0.5,
+            presence_penalty: 1.0,
+            ..SamplerParams::greedy()
+        };
+        let mut s = Sampler::new(
+            SamplerParams {
+                temperature: 0.0,
+                ..p.clone()
+            },
+            4,
+        );
+        let (t, lp) = s.sample_logprobs(&l, &[1], None, 3);
+        // Token 1 is penalised to 2.0, a tie with token 2: the lower id wins, as greedy does.
+        assert_eq!(t, 1);
+        let z: f32 = [1.0f32, 2.0, 2.0, 0.5].iter().map(|x| x.exp()).sum();
+        assert!((lp.logprob - (2.0 - z.ln())).abs() < 1e-5, "{lp:?}");
+        assert_eq!(lp.top.len(), 3);
+        assert_eq!(lp.top[0].0, 1);
+        assert_eq!(lp.top[2].0, 0);
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        let mut s = Sampler::new(p, 4);
+        let (_, lp) = s.sample_logprobs(&l, &[], None, 1);
+        let z: f32 = l.iter().map(|x| (x / 0.5).exp()).sum();
+        assert!((lp.top[0].1 - (3.0 / 0.5 - z.ln())).abs() < 1e-5, "{lp:?}");
+    }
+
+    #[test]
+    fn a_mask_keeps_the_choice_among_allowed_tokens() {
+        let l = vec![5.0f32, 1.0, 4.0, 0.0];
+        let mut mask = SimpleVob::alloc(4);
+        mask.allow_token(2);
+        mask.allow_token(3);
+        let mut s = Sampler::new(SamplerParams::greedy(), 4);
+        assert_eq!(s.sample_allowed(&l, &[], Some(&mask)), 2);
+        let mut s = Sampler::new(
+            SamplerParams {
+                temperature: 1.0,
+                top_k: 0,
+                ..Default::default()
+            },
+            4,
+        );
+        for _ in 0..100 {
+            assert!(matches!(s.sample_allowed(&l, &[], Some(&mask)), 2 | 3));
+        }
     }
 
     #[test]

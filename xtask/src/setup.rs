@@ -40,6 +40,11 @@ const DEBIAN: &[(&str, Need, &str)] = &[
     ),
     ("python3-venv", Need::Tests, "the tests' Python environment"),
     (
+        "chromium",
+        Need::Tests,
+        "the chat page's end-to-end test (headless)",
+    ),
+    (
         "nftables",
         Need::Tests,
         "`nft --check` on the rendered ruleset",

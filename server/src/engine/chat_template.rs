@@ -12,10 +12,60 @@ use serde::Serialize;
 use crate::model::Model;
 
 /// One chat turn after validation.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Turn {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls, as chat templates read them: `[{"type": "function",
+    /// "function": {"name": ..., "arguments": {...}}}]`, arguments as an object.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` turn's answer is to this call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// How a model writes a tool call, and so how one is parsed back and constrained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolSyntax {
+    /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`: Qwen2.5, Qwen3 and the
+    /// Hermes/ChatML templates, and the prompt format given to templates without tools (Gemma).
+    Hermes,
+    /// A bare `{"name": ..., "parameters": {...}}`: Llama 3.1-3.3's JSON tool calling.
+    Llama3,
+}
+
+impl ToolSyntax {
+    /// The syntax of the model whose chat template is `source`.
+    pub fn for_template(source: Option<&str>) -> ToolSyntax {
+        match source {
+            Some(s) if !s.contains("<tool_call>") && s.contains("<|python_tag|>") => {
+                ToolSyntax::Llama3
+            }
+            _ => ToolSyntax::Hermes,
+        }
+    }
+}
+
+/// Whether a template renders `tools` itself (else [`tools_prompt`] goes into the system turn).
+fn template_reads_tools(source: &str) -> bool {
+    source.contains("tools")
+}
+
+/// The documented tool prompt for templates that have none (Gemma 3, the built-in format):
+/// the functions as JSON, one per line, and how to call them, in the system text.
+pub fn tools_prompt(tools: &[serde_json::Value]) -> String {
+    let mut out = String::from(
+        "You can call functions. Their definitions, one JSON object per line:\n<tools>\n",
+    );
+    for tool in tools {
+        out.push_str(&tool.to_string());
+        out.push('\n');
+    }
+    out.push_str(
+        "</tools>\nTo call a function, reply with only\n<tool_call>\n{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}\n</tool_call>\nOtherwise answer normally. A function's result comes back in a turn that starts with <tool_response>.",
+    );
+    out
 }
 
 pub enum ChatTemplate {
@@ -85,6 +135,31 @@ impl ChatTemplate {
 
     /// The prompt text for `turns`, ending with the opening of the assistant's turn.
     pub fn render(&self, turns: &[Turn]) -> Result<String, TemplateError> {
+        self.render_with_tools(turns, &[])
+    }
+
+    /// As [`ChatTemplate::render`], offering the functions `tools` (OpenAI's `tools` list):
+    /// templates that read `tools` get them as is; for the others (Gemma 3, the built-in
+    /// format) [`tools_prompt`] opens the system text, calls are written back as
+    /// `<tool_call>` text and tool results as `<tool_response>` user turns.
+    pub fn render_with_tools(
+        &self,
+        turns: &[Turn],
+        tools: &[serde_json::Value],
+    ) -> Result<String, TemplateError> {
+        let native = match self {
+            ChatTemplate::Gemma => false,
+            ChatTemplate::Jinja { env, .. } => env
+                .get_template(TEMPLATE_NAME)
+                .is_ok_and(|t| template_reads_tools(t.source())),
+        };
+        let prompted;
+        let (turns, tools) = if native || (tools.is_empty() && !has_tool_turns(turns)) {
+            (turns, tools)
+        } else {
+            prompted = as_plain_turns(turns, tools);
+            (&prompted[..], &[][..])
+        };
         match self {
             ChatTemplate::Gemma => Ok(gemma(turns)),
             ChatTemplate::Jinja { env, bos, eos } => {
@@ -94,6 +169,7 @@ impl ChatTemplate {
                 let text = template
                     .render(minijinja::context! {
                         messages => turns,
+                        tools => (!tools.is_empty()).then_some(tools),
                         add_generation_prompt => true,
                         bos_token => bos,
                         eos_token => eos,
@@ -106,6 +182,68 @@ impl ChatTemplate {
             }
         }
     }
+}
+
+fn has_tool_turns(turns: &[Turn]) -> bool {
+    turns
+        .iter()
+        .any(|t| t.role == "tool" || t.tool_calls.is_some())
+}
+
+/// The conversation for a template that knows no tools: the tool prompt first in the system
+/// text, calls as `<tool_call>` text, tool results as user turns in `<tool_response>`.
+fn as_plain_turns(turns: &[Turn], tools: &[serde_json::Value]) -> Vec<Turn> {
+    let mut out: Vec<Turn> = Vec::with_capacity(turns.len() + 1);
+    if !tools.is_empty() {
+        let prompt = tools_prompt(tools);
+        match turns.first() {
+            Some(first) if first.role == "system" => out.push(Turn {
+                role: "system".into(),
+                content: format!("{prompt}\n\n{}", first.content),
+                ..Turn::default()
+            }),
+            _ => out.push(Turn {
+                role: "system".into(),
+                content: prompt,
+                ..Turn::default()
+            }),
+        }
+    }
+    let skip = usize::from(!tools.is_empty() && turns.first().is_some_and(|t| t.role == "system"));
+    for turn in &turns[skip..] {
+        let mut content = turn.content.clone();
+        if let Some(serde_json::Value::Array(calls)) = &turn.tool_calls {
+            for call in calls {
+                let f = &call["function"];
+                let call = serde_json::json!({"name": f["name"], "arguments": f["arguments"]});
+                content.push_str(&format!("<tool_call>\n{call}\n</tool_call>"));
+            }
+        }
+        let role = if turn.role == "tool" {
+            content = format!("<tool_response>\n{content}\n</tool_response>");
+            "user"
+        } else {
+            &turn.role
+        };
+        // Consecutive tool results (parallel calls) share one user turn.
+        match out.last_mut() {
+            Some(last)
+                if role == "user"
+                    && turn.role == "tool"
+                    && last.role == "user"
+                    && last.content.ends_with("</tool_response>") =>
+            {
+                last.content.push('\n');
+                last.content.push_str(&content);
+            }
+            _ => out.push(Turn {
+                role: role.into(),
+                content,
+                ..Turn::default()
+            }),
+        }
+    }
+    out
 }
 
 /// `raise_exception("...")` reads best as its own message; other errors with their context.
@@ -212,6 +350,7 @@ mod tests {
             .map(|(role, content)| Turn {
                 role: role.to_string(),
                 content: content.to_string(),
+                ..Turn::default()
             })
             .collect()
     }
@@ -279,6 +418,68 @@ mod tests {
     fn syntax_errors_are_reported() {
         let err = ChatTemplate::new(Some("{% for %}"), "", "").err().unwrap();
         assert!(err.to_string().contains("not valid Jinja"), "{err}");
+    }
+
+    fn weather_tool() -> Vec<serde_json::Value> {
+        vec![
+            serde_json::json!({"type": "function", "function": {"name": "weather",
+            "description": "Weather of a city", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}}, "required": ["city"]}}}),
+        ]
+    }
+
+    /// A Qwen-style template reads `tools` and `tool_calls` itself.
+    #[test]
+    fn templates_with_tools_get_them() {
+        let src = "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}{% endfor %}</tools>{% endif %}\
+            {% for m in messages %}[{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}{{ c.function.arguments | tojson }}</tool_call>{% endfor %}{% endif %}]{% endfor %}";
+        let t = ChatTemplate::new(Some(src), "", "").unwrap();
+        let mut conv = turns(&[("user", "Paris?"), ("assistant", ""), ("tool", "sunny")]);
+        conv[1].tool_calls = Some(
+            serde_json::json!([{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]),
+        );
+        let text = t.render_with_tools(&conv, &weather_tool()).unwrap();
+        assert_eq!(
+            text,
+            "<tools>weather</tools>[user:Paris?][assistant:<tool_call>weather{\"city\":\"Paris\"}</tool_call>][tool:sunny]"
+        );
+        assert_eq!(ToolSyntax::for_template(Some(src)), ToolSyntax::Hermes);
+        assert_eq!(
+            ToolSyntax::for_template(Some("{{ '<|python_tag|>' }}{{ tools }}")),
+            ToolSyntax::Llama3
+        );
+    }
+
+    /// Gemma 3 has no tool tokens: the documented prompt goes into the first user turn, calls
+    /// and results are written as text.
+    #[test]
+    fn gemma_gets_the_tool_prompt() {
+        let mut conv = turns(&[
+            ("system", "Be brief."),
+            ("user", "Paris?"),
+            ("assistant", ""),
+            ("tool", "sunny"),
+        ]);
+        conv[2].tool_calls = Some(
+            serde_json::json!([{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]),
+        );
+        let text = ChatTemplate::Gemma
+            .render_with_tools(&conv, &weather_tool())
+            .unwrap();
+        assert!(
+            text.starts_with("<start_of_turn>user\nYou can call functions."),
+            "{text}"
+        );
+        assert!(text.contains("\"name\":\"weather\""), "{text}");
+        assert!(text.contains("Be brief.\n\nParis?<end_of_turn>"), "{text}");
+        assert!(text.contains("<start_of_turn>model\n<tool_call>\n{\"name\":\"weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call><end_of_turn>"), "{text}");
+        assert!(
+            text.contains(
+                "<start_of_turn>user\n<tool_response>\nsunny\n</tool_response><end_of_turn>"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("<start_of_turn>model\n"), "{text}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! What a generation is asked to do, and what it reports at the end.
 
+use crate::grammar::Constraint;
 use crate::sampler::SamplerParams;
 
 /// Validated generation settings.
@@ -10,6 +11,11 @@ pub struct Generation {
     pub max_tokens: Option<usize>,
     /// Texts that end the generation; none of them is empty.
     pub stop: Vec<String>,
+    /// What the output must be (a JSON schema, a grammar); each token is sampled among the
+    /// ones it allows, and the generation stops when it is complete and nothing can follow.
+    pub constraint: Option<Constraint>,
+    /// Report each token's log-probability with this many alternatives (at most 20).
+    pub logprobs: Option<usize>,
 }
 
 /// Why a generation ended.

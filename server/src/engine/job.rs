@@ -6,6 +6,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::generation::{FinishReason, Generation, Usage};
+use crate::sampler::TokenLogprob;
 
 /// A generation request, tokenized and validated.
 pub(super) struct Job {
@@ -23,8 +24,13 @@ pub type Events = UnboundedReceiver<Event>;
 /// What a slot reports to the job's owner.
 #[derive(Debug)]
 pub enum Event {
-    /// The next piece of completion text (never part of a stop sequence).
-    Text(String),
+    /// The next piece of completion text (never part of a stop sequence), and the
+    /// log-probabilities of the tokens generated since the last piece (when asked for; a token
+    /// whose text is held back, e.g. half a UTF-8 character, comes with a later piece).
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// The last event of a job that ran to its end.
     Done {
         finish: FinishReason,

@@ -88,6 +88,16 @@ impl Engine {
         Ok(self.model.tokenizer().encode(&text, true, true))
     }
 
+    /// As [`Engine::chat_prompt`], offering the functions `tools` (OpenAI's `tools` list).
+    pub fn chat_prompt_with_tools(
+        &self,
+        turns: &[Turn],
+        tools: &[serde_json::Value],
+    ) -> Result<Vec<u32>, TemplateError> {
+        let text = self.template.render_with_tools(turns, tools)?;
+        Ok(self.model.tokenizer().encode(&text, true, true))
+    }
+
     /// The prompt for a text to continue. As llama-server: BOS added where the vocabulary wants
     /// it, control-token texts such as `<start_of_turn>` read as those tokens.
     pub fn text_prompt(&self, text: &str) -> Vec<u32> {

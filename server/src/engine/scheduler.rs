@@ -19,8 +19,9 @@ use super::generation::{FinishReason, Usage};
 use super::job::{Event, Job, JobFailure, Refused};
 use super::stop::StopMatcher;
 use super::Slots;
+use crate::grammar::Constraint;
 use crate::model::{Model, Session};
-use crate::sampler::Sampler;
+use crate::sampler::{Candidate, Sampler, TokenLogprob};
 use crate::tokenizer::StreamDecoder;
 
 /// Prompt tokens evaluated per round: long prompts are split so that other slots keep
@@ -159,6 +160,7 @@ struct Task {
     sampler: Sampler,
     decoder: StreamDecoder,
     stop: StopMatcher,
+    constraint: Option<Constraint>,
     /// The prompt, then each generated token (what the repetition penalties look at).
     history: Vec<u32>,
     prompt_len: usize,
@@ -168,6 +170,8 @@ struct Task {
     max_tokens: usize,
     /// Released text, reused between tokens.
     text: String,
+    /// Log-probabilities of tokens whose text is not sent yet.
+    logprobs: Vec<TokenLogprob>,
 }
 
 fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
@@ -254,7 +258,7 @@ fn drop_abandoned(pending: &mut VecDeque<Job>, counters: &Counters) {
 }
 
 impl Task {
-    fn new(job: Job, model: &Model, n_ctx: usize) -> Task {
+    fn new(mut job: Job, model: &Model, n_ctx: usize) -> Task {
         let prompt_len = job.prompt.len();
         // Prompt and generated tokens together never outgrow the context.
         let mut history = Vec::with_capacity(n_ctx.max(prompt_len));
@@ -263,6 +267,7 @@ impl Task {
             sampler: Sampler::new(job.generation.sampler.clone(), model.tokenizer().n_vocab()),
             decoder: StreamDecoder::new(false),
             stop: StopMatcher::new(job.generation.stop.clone()),
+            constraint: job.generation.constraint.take(),
             history,
             prompt_len,
             prefilled: 0,
@@ -270,8 +275,16 @@ impl Task {
             // Without max_tokens the end of the context ends the generation.
             max_tokens: job.generation.max_tokens.unwrap_or(usize::MAX),
             text: String::new(),
+            logprobs: Vec::new(),
             job,
         }
+    }
+
+    /// Sends the released text with the log-probabilities gathered since the last piece.
+    fn send_text(&mut self) {
+        let text = std::mem::take(&mut self.text);
+        let logprobs = std::mem::take(&mut self.logprobs);
+        self.send(Event::Text { text, logprobs });
     }
 
     fn send(&self, event: Event) {
@@ -289,9 +302,8 @@ impl Task {
                 self.stop.finish(&mut rest);
                 self.text.push_str(&rest);
             }
-            if !self.text.is_empty() {
-                let text = std::mem::take(&mut self.text);
-                self.send(Event::Text(text));
+            if !self.text.is_empty() || !self.logprobs.is_empty() {
+                self.send_text();
             }
         }
         Step::Finished(Some(Event::Done {
@@ -346,10 +358,44 @@ impl Slot {
             counters.add_decode(started.elapsed());
         }
 
-        let token = task.sampler.sample(logits, &task.history);
+        let mask = match task.constraint.as_mut().map(Constraint::mask).transpose() {
+            Ok(mask) => mask,
+            Err(e) => {
+                return Step::Finished(Some(Event::Failed(JobFailure::Engine(e.to_string()))))
+            }
+        };
         let tokenizer = model.tokenizer();
+        let token = match task.job.generation.logprobs {
+            None => task
+                .sampler
+                .sample_allowed(logits, &task.history, mask.as_ref()),
+            Some(top_n) => {
+                let (token, lp) =
+                    task.sampler
+                        .sample_logprobs(logits, &task.history, mask.as_ref(), top_n);
+                let candidate = |id: u32, logprob: f32| Candidate {
+                    id,
+                    bytes: tokenizer.piece(id, true).to_vec(),
+                    logprob,
+                };
+                task.logprobs.push(TokenLogprob {
+                    token: candidate(lp.token, lp.logprob),
+                    top: lp.top.iter().map(|&(id, l)| candidate(id, l)).collect(),
+                });
+                token
+            }
+        };
         if tokenizer.is_eog(token) {
+            // The end token is no part of the answer, nor of its log-probabilities (OpenAI's).
+            if task.job.generation.logprobs.is_some() {
+                task.logprobs.pop();
+            }
             return task.finish(FinishReason::Stop, false);
+        }
+        if let Some(constraint) = task.constraint.as_mut() {
+            if let Err(e) = constraint.accept(token) {
+                return Step::Finished(Some(Event::Failed(JobFailure::Engine(e.to_string()))));
+            }
         }
         task.history.push(token);
         task.generated += 1;
@@ -357,12 +403,15 @@ impl Slot {
         if let Some(piece) = task.decoder.push(tokenizer, token) {
             let stopped = task.stop.push(piece, &mut task.text);
             if !task.text.is_empty() {
-                let text = std::mem::take(&mut task.text);
-                task.send(Event::Text(text));
+                task.send_text();
             }
             if stopped {
                 return task.finish(FinishReason::Stop, true);
             }
+        }
+        // A complete output that nothing may extend ends here, as if the model had ended it.
+        if task.constraint.as_ref().is_some_and(Constraint::is_done) {
+            return task.finish(FinishReason::Stop, false);
         }
         // The sampled token is evaluated at the next step, which needs a free cell.
         if task.generated >= task.max_tokens || session.n_past() >= session.n_ctx() {

@@ -42,6 +42,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/health"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
+    ("get", "/"),
 ];
 
 /// The OpenAPI description of [`ROUTES`], served at `/openapi.json`.
@@ -220,6 +221,7 @@ pub fn router(state: AppState) -> Router {
     let mut app = api
         .merge(metrics)
         .merge(probes)
+        .route("/", get(routes::ui::page)) // the chat page: never behind a key (it asks for one)
         .fallback(routes::info::not_found)
         .method_not_allowed_fallback(routes::info::method_not_allowed)
         .layer(DefaultBodyLimit::max(http.body_limit));

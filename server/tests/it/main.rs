@@ -12,6 +12,7 @@
 mod serve_support;
 mod tokenizer_common;
 
+mod chat_page;
 mod cli;
 mod cpu_guard;
 mod dequant_vs_gguf_py;
@@ -26,6 +27,7 @@ mod serve_load;
 mod serve_memory;
 mod serve_schemathesis;
 mod serve_security;
+mod serve_structured;
 mod serve_tls;
 mod tokenizer_bpe;
 mod tokenizer_spm;

@@ -3,6 +3,7 @@
 
 mod request;
 mod response;
+pub mod tools;
 
 pub use request::*;
 pub use response::*;

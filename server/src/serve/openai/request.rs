@@ -7,10 +7,12 @@ use std::marker::PhantomData;
 use serde::de::{self, DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::engine::chat_template::Turn;
+use crate::engine::chat_template::{ToolSyntax, Turn};
 use crate::engine::Generation;
+use crate::grammar::Spec;
 use crate::sampler::SamplerParams;
 use crate::serve::error::ApiError;
+use crate::serve::openai::tools::{ToolChoice, ToolRequest};
 
 /// `POST /v1/chat/completions`.
 #[derive(Debug)]
@@ -32,6 +34,10 @@ pub struct Checked<I> {
     pub input: I,
     pub generation: Generation,
     pub delivery: Delivery,
+    /// The output's required form, and the parameter that asked for it (for errors).
+    pub constraint: Option<(&'static str, Spec)>,
+    /// The functions the model may call (chat only; none with `tool_choice: "none"`).
+    pub tools: Option<ToolRequest>,
 }
 
 /// How the answer is sent.
@@ -41,11 +47,25 @@ pub struct Delivery {
     pub stream: bool,
     /// A last chunk with the token counts (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// Each choice and chunk carries the tokens' log-probabilities.
+    pub logprobs: bool,
+    /// Tools are offered: calls in this syntax are read back into `tool_calls`.
+    pub tools: Option<ToolSyntax>,
 }
 
 impl ChatRequest {
-    pub fn check(self) -> Result<Checked<Vec<Turn>>, ApiError> {
-        let (generation, delivery) = self.generation.check()?;
+    pub fn check(mut self) -> Result<Checked<Vec<Turn>>, ApiError> {
+        let tools = tool_request(
+            self.generation.tools.take(),
+            self.generation.tool_choice.take(),
+        )?;
+        let (generation, delivery, constraint) = self.generation.check()?;
+        if tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) && constraint.is_some() {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "a required tool call and a response_format/grammar are both given: send one of them",
+            ));
+        }
         if self.messages.is_empty() {
             return Err(ApiError::bad_param(
                 "messages",
@@ -59,6 +79,8 @@ impl ChatRequest {
                 Ok(Turn {
                     role: m.role.clone(),
                     content: m.text()?,
+                    tool_calls: m.template_tool_calls(),
+                    tool_call_id: m.tool_call_id.clone(),
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
@@ -66,17 +88,27 @@ impl ChatRequest {
             input: turns,
             generation,
             delivery,
+            constraint,
+            tools,
         })
     }
 }
 
 impl CompletionRequest {
     pub fn check(self) -> Result<Checked<PromptInput>, ApiError> {
-        let (generation, delivery) = self.generation.check()?;
+        if self.generation.tools.is_some() {
+            return Err(ApiError::bad_param(
+                "tools",
+                "tools are for /v1/chat/completions; completions continue text",
+            ));
+        }
+        let (generation, delivery, constraint) = self.generation.check()?;
         Ok(Checked {
             input: self.prompt.into_input()?,
             generation,
             delivery,
+            constraint,
+            tools: None,
         })
     }
 }
@@ -86,6 +118,27 @@ pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant message's calls, as OpenAI returned them.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A `tool` message answers this call.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessageToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub function: CalledFunction,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CalledFunction {
+    pub name: String,
+    /// JSON text, as OpenAI sends it.
+    #[serde(default)]
+    pub arguments: String,
 }
 
 /// A message's content: a string, or a list of parts of which we can read the text ones.
@@ -105,6 +158,25 @@ pub struct ContentPart {
 }
 
 impl ChatMessage {
+    /// The calls as chat templates read them: arguments as an object (text that is no JSON
+    /// object stays text).
+    fn template_tool_calls(&self) -> Option<serde_json::Value> {
+        let calls = self.tool_calls.as_ref()?;
+        Some(serde_json::Value::Array(
+            calls
+                .iter()
+                .map(|c| {
+                    let args = serde_json::from_str::<serde_json::Value>(&c.function.arguments)
+                        .ok()
+                        .filter(serde_json::Value::is_object)
+                        .unwrap_or_else(|| c.function.arguments.clone().into());
+                    serde_json::json!({"id": c.id, "type": "function",
+                        "function": {"name": c.function.name, "arguments": args}})
+                })
+                .collect(),
+        ))
+    }
+
     /// The message's text; parts other than text (images, audio) are refused, not dropped.
     pub fn text(&self) -> Result<String, ApiError> {
         match &self.content {
@@ -209,6 +281,133 @@ generation_request! {
     n: Option<u32>,
     stream: bool,
     stream_options: Option<StreamOptions>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}`.
+    response_format: Option<ResponseFormat>,
+    /// A GBNF grammar (llama.cpp's syntax) the output must follow.
+    grammar: Option<String>,
+    /// Chat: `true`/`false`; completions: how many alternatives per token.
+    logprobs: Option<LogprobsParam>,
+    /// Chat: alternatives per token, with `logprobs: true`.
+    top_logprobs: Option<u32>,
+    /// Chat: OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`.
+    tools: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    /// Chat: "auto", "none", "required" or `{"type": "function", "function": {"name": ...}}`.
+    tool_choice: Option<ToolChoiceParam>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoiceParam {
+    Mode(String),
+    Named { function: NamedFunction },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// Checks `tools` (each a function with a name) and `tool_choice` against them.
+fn tool_request(
+    tools: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    choice: Option<ToolChoiceParam>,
+) -> Result<Option<ToolRequest>, ApiError> {
+    let tools: Vec<serde_json::Value> = tools
+        .unwrap_or_default()
+        .into_iter()
+        .map(serde_json::Value::Object)
+        .collect();
+    for (i, tool) in tools.iter().enumerate() {
+        let named = tool["function"]["name"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty());
+        if tool["type"] != "function" || !named {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!("tools[{i}] is not {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}: only functions can be called"),
+            ));
+        }
+        if !matches!(
+            tool["function"].get("parameters"),
+            None | Some(serde_json::Value::Object(_))
+        ) {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!("tools[{i}].function.parameters must be a JSON schema object"),
+            ));
+        }
+    }
+    let choice = match choice {
+        None => ToolChoice::Auto,
+        Some(ToolChoiceParam::Mode(m)) => match m.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => return Ok(None),
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::bad_param(
+                    "tool_choice",
+                    format!(
+                    "tool_choice `{other}` is not one of auto, none, required or a named function"
+                ),
+                ))
+            }
+        },
+        Some(ToolChoiceParam::Named { function }) => {
+            if !tools
+                .iter()
+                .any(|t| t["function"]["name"] == function.name.as_str())
+            {
+                return Err(ApiError::bad_param(
+                    "tool_choice",
+                    format!(
+                        "tool_choice names `{}`, which is not among the tools",
+                        function.name
+                    ),
+                ));
+            }
+            ToolChoice::Named(function.name)
+        }
+    };
+    if tools.is_empty() {
+        return match choice {
+            ToolChoice::Auto => Ok(None),
+            _ => Err(ApiError::bad_param(
+                "tool_choice",
+                "tool_choice asks for a call but no tools are given",
+            )),
+        };
+    }
+    Ok(Some(ToolRequest { tools, choice }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum LogprobsParam {
+    Flag(bool),
+    Count(u32),
+}
+
+/// OpenAI's limit on `top_logprobs`.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// OpenAI's `response_format`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+    /// Accepted; the schema is always enforced, strict or not.
+    #[serde(default)]
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -228,8 +427,10 @@ pub struct StreamOptions {
 const MAX_STOPS: usize = 16;
 
 impl GenerationRequest {
-    /// The engine's settings and the answer's delivery; refuses values out of range by name.
-    pub fn check(self) -> Result<(Generation, Delivery), ApiError> {
+    /// The engine's settings, the answer's delivery and the output's required form; refuses
+    /// values out of range by name.
+    #[allow(clippy::type_complexity)]
+    pub fn check(self) -> Result<(Generation, Delivery, Option<(&'static str, Spec)>), ApiError> {
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::bad_param(
                 "n",
@@ -285,12 +486,76 @@ impl GenerationRequest {
             },
             max_tokens,
             stop,
+            constraint: None,
+            logprobs: None,
         };
         let delivery = Delivery {
             stream: self.stream,
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+            logprobs: false,
+            tools: None,
         };
-        Ok((generation, delivery))
+        let constraint = output_form(self.response_format, self.grammar)?;
+        let generation = Generation {
+            logprobs: logprobs(self.logprobs, self.top_logprobs)?,
+            ..generation
+        };
+        let delivery = Delivery {
+            logprobs: generation.logprobs.is_some(),
+            ..delivery
+        };
+        Ok((generation, delivery, constraint))
+    }
+}
+
+/// How many alternatives per token to report, if log-probabilities are asked for at all.
+fn logprobs(logprobs: Option<LogprobsParam>, top: Option<u32>) -> Result<Option<usize>, ApiError> {
+    let n = match (logprobs, top) {
+        (None | Some(LogprobsParam::Flag(false)), Some(n)) if n > 0 => {
+            return Err(ApiError::bad_param(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
+        }
+        (None | Some(LogprobsParam::Flag(false)), _) => return Ok(None),
+        (Some(LogprobsParam::Flag(true)), top) => top.unwrap_or(0),
+        (Some(LogprobsParam::Count(n)), _) => n,
+    };
+    if n > MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad_param(
+            "top_logprobs",
+            format!("{n} alternatives per token asked for; at most {MAX_TOP_LOGPROBS} are given"),
+        ));
+    }
+    Ok(Some(n as usize))
+}
+
+/// What `response_format` and `grammar` ask of the output (at most one of them).
+fn output_form(
+    format: Option<ResponseFormat>,
+    grammar: Option<String>,
+) -> Result<Option<(&'static str, Spec)>, ApiError> {
+    let format = match format {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(Spec::JsonObject),
+        Some(ResponseFormat::JsonSchema { json_schema }) => match json_schema.schema {
+            Some(schema) => Some(Spec::JsonSchema(schema)),
+            None => {
+                return Err(ApiError::bad_param(
+                    "response_format",
+                    "response_format.json_schema has no `schema`: give the JSON schema the answer must follow",
+                ))
+            }
+        },
+    };
+    match (format, grammar) {
+        (Some(_), Some(_)) => Err(ApiError::bad_param(
+            "grammar",
+            "both grammar and a JSON response_format are given: send one of them",
+        )),
+        (Some(spec), None) => Ok(Some(("response_format", spec))),
+        (None, Some(g)) => Ok(Some(("grammar", Spec::Gbnf(g)))),
+        (None, None) => Ok(None),
     }
 }
 
@@ -396,7 +661,108 @@ mod tests {
     }
 
     fn generation(json: &str) -> Result<(Generation, Delivery), ApiError> {
-        chat(json).unwrap().generation.check()
+        chat(json)
+            .unwrap()
+            .generation
+            .check()
+            .map(|(g, d, _)| (g, d))
+    }
+
+    #[test]
+    fn tools_and_tool_choice() {
+        let tools = r#""tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]"#;
+        let check = |extra: &str| {
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],{extra}}}"#
+            ))
+            .unwrap()
+            .check()
+            .map(|c| c.tools.map(|t| t.choice))
+        };
+        assert_eq!(check(tools).unwrap(), Some(ToolChoice::Auto));
+        assert_eq!(
+            check(&format!(r#"{tools},"tool_choice":"none""#)).unwrap(),
+            None
+        );
+        assert_eq!(
+            check(&format!(r#"{tools},"tool_choice":"required""#)).unwrap(),
+            Some(ToolChoice::Required)
+        );
+        assert_eq!(
+            check(&format!(
+                r#"{tools},"tool_choice":{{"type":"function","function":{{"name":"f"}}}}"#
+            ))
+            .unwrap(),
+            Some(ToolChoice::Named("f".into()))
+        );
+        for bad in [
+            format!(r#"{tools},"tool_choice":{{"type":"function","function":{{"name":"g"}}}}"#),
+            format!(r#"{tools},"tool_choice":"sometimes""#),
+            r#""tool_choice":"required""#.to_string(),
+            r#""tools":[{"type":"retrieval"}]"#.to_string(),
+            format!(
+                r#"{tools},"tool_choice":"required","response_format":{{"type":"json_object"}}"#
+            ),
+        ] {
+            assert!(check(&bad).is_err(), "{bad}");
+        }
+        let msgs = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"2"}]}"#;
+        let turns = chat(msgs).unwrap().check().unwrap().input;
+        assert_eq!(
+            turns[0].tool_calls.as_ref().unwrap()[0]["function"]["arguments"]["x"],
+            1
+        );
+        assert_eq!(turns[1].tool_call_id.as_deref(), Some("c1"));
+    }
+
+    #[test]
+    fn logprobs_flags_and_counts() {
+        let n = |json: &str| generation(json).map(|(g, _)| g.logprobs);
+        assert_eq!(n(r#"{"messages":[]}"#).unwrap(), None);
+        assert_eq!(n(r#"{"messages":[],"logprobs":false}"#).unwrap(), None);
+        assert_eq!(n(r#"{"messages":[],"logprobs":true}"#).unwrap(), Some(0));
+        assert_eq!(
+            n(r#"{"messages":[],"logprobs":true,"top_logprobs":5}"#).unwrap(),
+            Some(5)
+        );
+        assert_eq!(n(r#"{"messages":[],"logprobs":3}"#).unwrap(), Some(3));
+        assert!(n(r#"{"messages":[],"logprobs":true,"top_logprobs":21}"#).is_err());
+        assert!(n(r#"{"messages":[],"top_logprobs":2}"#).is_err());
+    }
+
+    #[test]
+    fn response_format_and_grammar() {
+        let form = |json: &str| chat(json).unwrap().generation.check().map(|(_, _, f)| f);
+        assert_eq!(
+            form(r#"{"messages":[],"response_format":{"type":"text"}}"#).unwrap(),
+            None
+        );
+        assert_eq!(
+            form(r#"{"messages":[],"response_format":{"type":"json_object"}}"#).unwrap(),
+            Some(("response_format", Spec::JsonObject))
+        );
+        let schema = r#"{"messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"integer"}}}}"#;
+        assert_eq!(
+            form(schema).unwrap(),
+            Some((
+                "response_format",
+                Spec::JsonSchema(serde_json::json!({"type":"integer"}))
+            ))
+        );
+        assert_eq!(
+            form(r#"{"messages":[],"grammar":"root ::= \"a\""}"#).unwrap(),
+            Some(("grammar", Spec::Gbnf("root ::= \"a\"".into())))
+        );
+        for bad in [
+            r#"{"messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"n"}}}"#,
+            r#"{"messages":[],"response_format":{"type":"json_object"},"grammar":"root ::= \"a\""}"#,
+        ] {
+            assert!(
+                matches!(form(bad), Err(ApiError::BadRequest { .. })),
+                "{bad}"
+            );
+        }
+        assert!(chat(r#"{"messages":[],"response_format":{"type":"yaml"}}"#).is_err());
     }
 
     #[test]
@@ -456,13 +822,27 @@ mod tests {
     /// Every parameter is read from the body: a value of the wrong type is refused by name.
     #[test]
     fn every_parameter_is_read() {
-        assert_eq!(GenerationRequest::FIELDS.len(), 15);
+        assert_eq!(GenerationRequest::FIELDS.len(), 21);
         for field in GenerationRequest::FIELDS {
             // `[[]]` is of no parameter's type.
             let body = format!(r#"{{"messages":[],"{field}":[[]]}}"#);
             let mut de = serde_json::Deserializer::from_str(&body);
             let err = serde_path_to_error::deserialize::<_, ChatRequest>(&mut de).unwrap_err();
             assert!(err.path().to_string().starts_with(field), "{field}: {err}");
+        }
+    }
+
+    /// `/openapi.json` documents every parameter that is read.
+    #[test]
+    fn every_parameter_is_in_the_openapi_spec() {
+        let spec: serde_json::Value =
+            serde_json::from_str(include_str!("../openapi.json")).unwrap();
+        let documented = &spec["components"]["schemas"]["GenerationParameters"]["properties"];
+        for field in GenerationRequest::FIELDS {
+            assert!(
+                documented.get(field).is_some(),
+                "{field} is not in openapi.json"
+            );
         }
     }
 

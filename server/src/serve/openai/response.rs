@@ -2,7 +2,10 @@
 
 use serde::Serialize;
 
+use serde_json::{json, Value};
+
 use crate::engine::{self, FinishReason};
+use crate::sampler::{Candidate, TokenLogprob};
 
 /// OpenAI's `finish_reason`.
 pub fn finish_reason(finish: FinishReason) -> &'static str {
@@ -43,14 +46,17 @@ pub struct ChatCompletion<'a> {
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<serde_json::Value>,
     pub finish_reason: &'static str,
 }
 
 #[derive(Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// Null when the answer is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,7 +76,7 @@ pub struct ChatChunk<'a> {
 pub struct ChunkChoice<'a> {
     pub index: u32,
     pub delta: Delta<'a>,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<serde_json::Value>,
     pub finish_reason: Option<&'static str>,
 }
 
@@ -80,6 +86,8 @@ pub struct Delta<'a> {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -97,8 +105,41 @@ pub struct TextCompletion<'a> {
 pub struct TextChoice<'a> {
     pub index: u32,
     pub text: &'a str,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<serde_json::Value>,
     pub finish_reason: Option<&'static str>,
+}
+
+/// Chat's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}`.
+pub fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let entry = |c: &Candidate| json!({"token": String::from_utf8_lossy(&c.bytes), "logprob": c.logprob, "bytes": c.bytes});
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut e = entry(&t.token);
+            e["top_logprobs"] = t.top.iter().map(entry).collect();
+            e
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// Completions' `logprobs`: parallel lists, and `top_logprobs` as `{token: logprob}` maps.
+/// `offset` is the completion's length in characters before these tokens.
+pub fn completion_logprobs(tokens: &[TokenLogprob], offset: &mut usize) -> Value {
+    let text = |c: &Candidate| String::from_utf8_lossy(&c.bytes).into_owned();
+    let mut offsets = Vec::with_capacity(tokens.len());
+    for t in tokens {
+        offsets.push(*offset);
+        *offset += text(&t.token).chars().count();
+    }
+    json!({
+        "tokens": tokens.iter().map(|t| text(&t.token)).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.token.logprob).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(|t| {
+            t.top.iter().map(|c| (text(c), json!(c.logprob))).collect::<serde_json::Map<_, _>>()
+        }).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
 }
 
 #[cfg(test)]

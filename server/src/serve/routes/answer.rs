@@ -11,11 +11,14 @@ use axum::Json;
 use futures_util::stream;
 use serde::Serialize;
 
+use crate::engine::chat_template::ToolSyntax;
 use crate::engine::{Event, Events, FinishReason, JobFailure, Usage};
+use crate::sampler::TokenLogprob;
 use crate::serve::error::ApiError;
+use crate::serve::openai::tools;
 use crate::serve::openai::{
-    finish_reason, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChunkChoice, Delivery,
-    Delta, TextChoice, TextCompletion,
+    chat_logprobs, completion_logprobs, finish_reason, AssistantMessage, ChatChoice, ChatChunk,
+    ChatCompletion, ChunkChoice, Delivery, Delta, TextChoice, TextCompletion,
 };
 use crate::serve::unix_now;
 
@@ -33,6 +36,8 @@ struct Meta {
     model: String,
     kind: Kind,
     include_usage: bool,
+    logprobs: bool,
+    tools: Option<ToolSyntax>,
 }
 
 /// Answers from the events of a submitted job. Waiting for the first event lets queueing
@@ -50,6 +55,8 @@ pub async fn answer(
         model: model.to_owned(),
         kind,
         include_usage: delivery.include_usage,
+        logprobs: delivery.logprobs,
+        tools: delivery.tools,
     };
     let first = events.recv().await;
     if let Some(Event::Failed(failure)) = first {
@@ -78,11 +85,18 @@ async fn collect(
     timeout: u64,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     loop {
         match next {
-            Some(Event::Text(piece)) => text.push_str(&piece),
+            Some(Event::Text {
+                text: piece,
+                logprobs: l,
+            }) => {
+                text.push_str(&piece);
+                logprobs.extend(l);
+            }
             Some(Event::Done { finish, usage }) => {
-                return Ok(final_body(&meta, text, finish, usage))
+                return Ok(final_body(&meta, text, &logprobs, finish, usage))
             }
             Some(Event::Failed(failure)) => return Err(failure_error(failure, timeout)),
             None => {
@@ -95,7 +109,33 @@ async fn collect(
     }
 }
 
-fn final_body(meta: &Meta, text: String, finish: FinishReason, usage: Usage) -> Response {
+fn final_body(
+    meta: &Meta,
+    text: String,
+    logprobs: &[TokenLogprob],
+    finish: FinishReason,
+    usage: Usage,
+) -> Response {
+    let logprobs = meta.logprobs.then(|| match meta.kind {
+        Kind::Chat => chat_logprobs(logprobs),
+        Kind::Completion => completion_logprobs(logprobs, &mut 0),
+    });
+    let (content, calls) = match meta.tools {
+        Some(syntax) if meta.kind == Kind::Chat => tools::parse(syntax, &text),
+        _ => (Some(text.clone()), Vec::new()),
+    };
+    let (finish, tool_calls) = if calls.is_empty() {
+        (finish_reason(finish), None)
+    } else {
+        let mut entries = tools::tool_calls_json(&calls, &meta.id);
+        for e in &mut entries {
+            // `index` belongs to streamed deltas only.
+            if let Some(o) = e.as_object_mut() {
+                o.remove("index");
+            }
+        }
+        ("tool_calls", Some(entries))
+    };
     match meta.kind {
         Kind::Chat => Json(ChatCompletion {
             id: &meta.id,
@@ -106,10 +146,11 @@ fn final_body(meta: &Meta, text: String, finish: FinishReason, usage: Usage) -> 
                 index: 0,
                 message: AssistantMessage {
                     role: "assistant",
-                    content: text,
+                    content,
+                    tool_calls,
                 },
-                logprobs: None,
-                finish_reason: finish_reason(finish),
+                logprobs,
+                finish_reason: finish,
             }],
             usage: usage.into(),
         })
@@ -122,8 +163,8 @@ fn final_body(meta: &Meta, text: String, finish: FinishReason, usage: Usage) -> 
             choices: vec![TextChoice {
                 index: 0,
                 text: &text,
-                logprobs: None,
-                finish_reason: Some(finish_reason(finish)),
+                logprobs,
+                finish_reason: Some(finish),
             }],
             usage: Some(Some(usage.into())),
         })
@@ -141,7 +182,7 @@ fn sse(
     let mut out = VecDeque::new();
     if meta.kind == Kind::Chat {
         // OpenAI opens a chat stream with the role and empty content.
-        out.push_back(meta.chunk(Some("assistant"), Some(""), None));
+        out.push_back(meta.chunk(Some("assistant"), Some(""), None, None));
     }
     let state = SseState {
         meta,
@@ -150,7 +191,14 @@ fn sse(
         out,
         ended: false,
         timeout,
+        text_offset: 0,
+        held: None,
+        held_logprobs: Vec::new(),
     };
+    let mut state = state;
+    if state.meta.tools.is_some() {
+        state.held = Some(String::new());
+    }
     let events = stream::unfold(state, |mut st| async move {
         loop {
             if let Some(event) = st.out.pop_front() {
@@ -177,18 +225,57 @@ struct SseState {
     out: VecDeque<SseEvent>,
     ended: bool,
     timeout: u64,
+    /// Characters of completion text sent so far (completions' `text_offset`).
+    text_offset: usize,
+    /// With tools: the text so far while it may be a tool call (sent as content once it
+    /// cannot be, parsed into `tool_calls` at the end if it is one).
+    held: Option<String>,
+    held_logprobs: Vec<TokenLogprob>,
 }
 
 impl SseState {
     /// Queues the SSE events for one engine event.
     fn translate(&mut self, event: Option<Event>) {
         match event {
-            Some(Event::Text(text)) => {
-                let chunk = self.meta.chunk(None, Some(&text), None);
+            Some(Event::Text { text, logprobs }) => {
+                if let (Some(held), Some(syntax)) = (self.held.as_mut(), self.meta.tools) {
+                    held.push_str(&text);
+                    self.held_logprobs.extend(logprobs);
+                    if tools::may_be_call(syntax, held) {
+                        return;
+                    }
+                    let text = self.held.take().unwrap_or_default();
+                    let logprobs = std::mem::take(&mut self.held_logprobs);
+                    return self.translate(Some(Event::Text { text, logprobs }));
+                }
+                let logprobs = self.meta.logprobs.then(|| match self.meta.kind {
+                    Kind::Chat => chat_logprobs(&logprobs),
+                    Kind::Completion => completion_logprobs(&logprobs, &mut self.text_offset),
+                });
+                let chunk = self.meta.chunk(None, Some(&text), logprobs, None);
                 self.out.push_back(chunk);
             }
             Some(Event::Done { finish, usage }) => {
-                let last = self.meta.chunk(None, None, Some(finish));
+                let mut reason = finish_reason(finish);
+                if let (Some(held), Some(syntax)) = (self.held.take(), self.meta.tools) {
+                    let (content, calls) = tools::parse(syntax, &held);
+                    if calls.is_empty() {
+                        let logprobs = std::mem::take(&mut self.held_logprobs);
+                        self.translate(Some(Event::Text {
+                            text: held,
+                            logprobs,
+                        }));
+                    } else {
+                        if let Some(content) = content {
+                            let chunk = self.meta.chunk(None, Some(&content), None, None);
+                            self.out.push_back(chunk);
+                        }
+                        let calls = tools::tool_calls_json(&calls, &self.meta.id);
+                        self.out.push_back(self.meta.tool_chunk(calls));
+                        reason = "tool_calls";
+                    }
+                }
+                let last = self.meta.chunk(None, None, None, Some(reason));
                 self.out.push_back(last);
                 if self.meta.include_usage {
                     let usage = self.meta.usage_chunk(usage);
@@ -222,7 +309,8 @@ impl Meta {
         &self,
         role: Option<&'static str>,
         text: Option<&str>,
-        finish: Option<FinishReason>,
+        logprobs: Option<serde_json::Value>,
+        finish: Option<&'static str>,
     ) -> SseEvent {
         let usage = self.include_usage.then_some(None);
         match self.kind {
@@ -236,9 +324,10 @@ impl Meta {
                     delta: Delta {
                         role,
                         content: text,
+                        tool_calls: None,
                     },
-                    logprobs: None,
-                    finish_reason: finish.map(finish_reason),
+                    logprobs,
+                    finish_reason: finish,
                 }],
                 usage,
             }),
@@ -250,12 +339,34 @@ impl Meta {
                 choices: vec![TextChoice {
                     index: 0,
                     text: text.unwrap_or(""),
-                    logprobs: None,
-                    finish_reason: finish.map(finish_reason),
+                    logprobs,
+                    finish_reason: finish,
                 }],
                 usage,
             }),
         }
+    }
+
+    /// A chat chunk whose delta is the answer's tool calls, whole (OpenAI splits the
+    /// arguments over several deltas; clients concatenate them, so one delta is the same).
+    fn tool_chunk(&self, calls: Vec<serde_json::Value>) -> SseEvent {
+        json_event(&ChatChunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: None,
+                    content: None,
+                    tool_calls: Some(calls),
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            usage: self.include_usage.then_some(None),
+        })
     }
 
     /// The extra last chunk of `stream_options.include_usage`: no choices, the usage.

@@ -8,9 +8,12 @@ use axum::response::Response;
 
 use super::answer::{self, Kind};
 use super::blocking;
-use crate::engine::{Generation, Refused};
+use crate::engine::chat_template::ToolSyntax;
+use crate::engine::{Engine, Generation, Refused};
+use crate::grammar::{Constraint, Spec};
 use crate::serve::error::ApiError;
 use crate::serve::extract::JsonBody;
+use crate::serve::openai::tools::{self, ToolChoice};
 use crate::serve::openai::{ChatRequest, Checked, CompletionRequest, Delivery, PromptInput};
 use crate::serve::AppState;
 
@@ -25,14 +28,31 @@ pub async fn chat(
     state.engine()?;
     let Checked {
         input: turns,
-        generation,
-        delivery,
+        mut generation,
+        mut delivery,
+        mut constraint,
+        tools,
     } = req.check()?;
-    let prompt = blocking(&state, "tokenizer", move |engine| {
-        let prompt = engine.chat_prompt(&turns);
-        prompt.map_err(|e| ApiError::bad_param("messages", e.to_string()))
+    if let Some(tools) = &tools {
+        let syntax = ToolSyntax::for_template(state.engine()?.model().chat_template());
+        delivery.tools = Some(syntax);
+        if tools.choice != ToolChoice::Auto {
+            let lark = tools::call_grammar(syntax, tools)
+                .map_err(|e| ApiError::bad_param("tools", e.to_string()))?;
+            constraint = Some(("tools", Spec::Lark(lark)));
+        }
+    }
+    let (prompt, compiled) = blocking(&state, "tokenizer", move |engine| {
+        let compiled = compile(engine, constraint)?;
+        let prompt = match &tools {
+            Some(t) => engine.chat_prompt_with_tools(&turns, &t.tools),
+            None => engine.chat_prompt(&turns),
+        };
+        let prompt = prompt.map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+        Ok((prompt, compiled))
     })
     .await?;
+    generation.constraint = compiled;
     generate(&state, prompt, generation, delivery, Kind::Chat).await
 }
 
@@ -43,20 +63,40 @@ pub async fn completions(
     state.engine()?;
     let Checked {
         input,
-        generation,
+        mut generation,
         delivery,
+        constraint,
+        tools: _,
     } = req.check()?;
-    let prompt = match input {
-        PromptInput::Tokens(ids) => {
-            let n_vocab = state.engine()?.model().tokenizer().n_vocab();
-            check_token_ids(&ids, n_vocab, "prompt")?;
-            ids
-        }
-        PromptInput::Text(text) => {
-            blocking(&state, "tokenizer", move |e| Ok(e.text_prompt(&text))).await?
-        }
-    };
+    let n_vocab = state.engine()?.model().tokenizer().n_vocab();
+    let (prompt, compiled) = blocking(&state, "tokenizer", move |engine| {
+        let compiled = compile(engine, constraint)?;
+        let prompt = match input {
+            PromptInput::Tokens(ids) => {
+                check_token_ids(&ids, n_vocab, "prompt")?;
+                ids
+            }
+            PromptInput::Text(text) => engine.text_prompt(&text),
+        };
+        Ok((prompt, compiled))
+    })
+    .await?;
+    generation.constraint = compiled;
     generate(&state, prompt, generation, delivery, Kind::Completion).await
+}
+
+/// Compiles the output's required form for the model's vocabulary; a schema or grammar that
+/// cannot be enforced is the client's 400, named by the parameter that gave it.
+fn compile(
+    engine: &Engine,
+    constraint: Option<(&'static str, Spec)>,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some((param, spec)) = constraint else {
+        return Ok(None);
+    };
+    Constraint::new(engine.model().tokenizer(), &spec)
+        .map(Some)
+        .map_err(|e| ApiError::bad_param(param, e.to_string()))
 }
 
 /// Refuses ids the model does not have, naming the first.

@@ -4,6 +4,7 @@ mod answer;
 pub mod generate;
 pub mod info;
 pub mod tokens;
+pub mod ui;
 
 use crate::engine::Engine;
 use crate::serve::error::ApiError;

@@ -1,0 +1,159 @@
+//! Constrained decoding: a JSON schema, "any JSON object" or a GBNF grammar becomes a
+//! [`Constraint`] that says, before each token is sampled, which tokens of the vocabulary may
+//! come next, and follows the tokens chosen.
+//!
+//! The masks come from llguidance (the structured-output engine behind llama.cpp's
+//! `LLAMA_LLGUIDANCE` build, vLLM and SGLang): it walks a trie of every token's bytes with a
+//! derivative-based lexer and an Earley parser, so a mask over a 262k vocabulary costs well
+//! under a millisecond for JSON. We give it the vocabulary ([`vocab`]), turn GBNF into its Lark
+//! dialect ([`gbnf`]), and keep one compiled vocabulary per tokenizer ([`factory`]).
+
+mod factory;
+pub mod gbnf;
+mod vocab;
+
+use std::fmt;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::SimpleVob;
+use llguidance::Matcher;
+
+use crate::tokenizer::Tokenizer;
+
+/// What the output must be, as a request asks for it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spec {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid against this schema (`response_format.json_schema.schema`).
+    JsonSchema(serde_json::Value),
+    /// Text of this GBNF grammar (llama.cpp's syntax), start rule `root`.
+    Gbnf(String),
+    /// A grammar already in llguidance's Lark dialect (built here, e.g. for tool calls).
+    Lark(String),
+}
+
+/// Why a [`Spec`] cannot be used; the message names the cause.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GrammarError(pub String);
+
+/// The grammar of one generation, following its tokens.
+#[derive(Clone)]
+pub struct Constraint {
+    matcher: Matcher,
+}
+
+impl fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Constraint")
+    }
+}
+
+/// JSON is generated compactly (no free whitespace between tokens): a small model given
+/// free whitespace tends to spend its budget on newlines.
+fn json_options() -> serde_json::Value {
+    serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+impl Spec {
+    /// The Lark text handed to llguidance.
+    fn to_lark(&self) -> Result<String, GrammarError> {
+        Ok(match self {
+            Spec::JsonObject => format!(
+                "%llguidance {{}}\nstart: %json {{ \"type\": \"object\", \"x-guidance\": {} }}",
+                json_options()
+            ),
+            Spec::JsonSchema(schema) => json_schema_lark(schema)?,
+            Spec::Gbnf(text) => gbnf::to_lark(text).map_err(|e| GrammarError(e.to_string()))?,
+            Spec::Lark(text) => text.clone(),
+        })
+    }
+}
+
+/// `start: %json {...}` for `schema`, with our JSON layout options merged in.
+pub fn json_schema_lark(schema: &serde_json::Value) -> Result<String, GrammarError> {
+    Ok(format!("start: {}", json_lark(schema)?))
+}
+
+/// `%json {...}`: the Lark expression for JSON valid against `schema`, laid out as all our JSON
+/// is (for embedding in larger grammars, such as a tool call's).
+pub fn json_lark(schema: &serde_json::Value) -> Result<String, GrammarError> {
+    let serde_json::Value::Object(map) = schema else {
+        return Err(GrammarError(
+            "the JSON schema must be an object (e.g. {\"type\": \"object\", ...})".into(),
+        ));
+    };
+    if map.contains_key("x-guidance") {
+        return Err(GrammarError(
+            "the schema keyword `x-guidance` is reserved by this server".into(),
+        ));
+    }
+    let mut map = map.clone();
+    map.insert("x-guidance".into(), json_options());
+    Ok(format!("%json {}", serde_json::Value::Object(map)))
+}
+
+impl Constraint {
+    /// Compiles `spec` for `tokenizer`'s vocabulary. Unsupported schema keywords and grammar
+    /// errors are refused here, before anything is generated.
+    pub fn new(tokenizer: &Tokenizer, spec: &Spec) -> Result<Constraint, GrammarError> {
+        let factory = factory::for_tokenizer(tokenizer)?;
+        let lark = spec.to_lark()?;
+        let parser = factory
+            .create_parser(TopLevelGrammar::from_lark(lark))
+            .map_err(|e| GrammarError(explain(&e.to_string())))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError(explain(&e)));
+        }
+        Ok(Constraint { matcher })
+    }
+
+    /// The tokens allowed next; end-of-generation tokens are allowed exactly when the output
+    /// so far is complete.
+    pub fn mask(&mut self) -> Result<SimpleVob, GrammarError> {
+        self.matcher
+            .compute_mask_or_eos()
+            .map_err(|e| GrammarError(e.to_string()))
+    }
+
+    /// Follows the chosen token (one the last mask allowed).
+    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| GrammarError(e.to_string()))
+    }
+
+    /// True when nothing can follow: the output is complete and must end.
+    pub fn is_done(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// True when the output so far is a complete sentence of the grammar.
+    pub fn is_complete(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+/// llguidance's message, with the fix for the one a client most often meets.
+fn explain(message: &str) -> String {
+    // llguidance names the keywords it does not implement in "Unimplemented keys: [...]".
+    match message.find("Unimplemented keys: ") {
+        Some(at) => {
+            let rest = &message[at + "Unimplemented keys: ".len()..];
+            let keys = rest
+                .split(']')
+                .next()
+                .unwrap_or(rest)
+                .trim_start_matches('[');
+            format!(
+                "the JSON schema uses keywords this server cannot enforce: {keys}; remove them (or describe the constraint in the prompt)"
+            )
+        }
+        None => format!("the grammar cannot be used: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+use super::*;
+use crate::gguf::Gguf;
+
+fn tokenizer() -> Tokenizer {
+    let path = test_support::testdata("vocab/ggml-vocab-llama-spm.gguf");
+    Tokenizer::from_metadata(&Gguf::open(&path).unwrap().metadata).unwrap()
+}
+
+/// Generates under `spec`, choosing at each step the allowed token `pick` prefers among the
+/// allowed ones; returns the text and whether the grammar ended it.
+fn walk(
+    tok: &Tokenizer,
+    spec: &Spec,
+    steps: usize,
+    pick: impl Fn(&[u32], usize) -> u32,
+) -> (String, bool) {
+    let mut c = Constraint::new(tok, spec).unwrap();
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let mask = c.mask().unwrap();
+        let mut allowed = Vec::new();
+        mask.iter_set_entries(|t| allowed.push(t as u32));
+        assert!(!allowed.is_empty());
+        let t = pick(&allowed, step);
+        if tok.is_eog(t) {
+            return (tok.decode(&out, false), true);
+        }
+        c.accept(t).unwrap();
+        out.push(t);
+        if c.is_done() {
+            return (tok.decode(&out, false), true);
+        }
+    }
+    (tok.decode(&out, false), false)
+}
+
+#[test]
+fn gbnf_alternatives_are_all_that_can_come_out() {
+    let tok = tokenizer();
+    let spec =
+        Spec::Gbnf("root ::= answer \"!\"\nanswer ::= \"yes\" | \"no\" # a comment\n".into());
+    for seed in 0..6usize {
+        // A different choice each time: the allowed token at a seed-dependent place.
+        let (text, ended) = walk(&tok, &spec, 20, |a, step| {
+            a[(seed * 7 + step * 13) % a.len()]
+        });
+        assert!(ended, "{text:?}");
+        assert!(text == "yes!" || text == "no!", "{text:?}");
+    }
+}
+
+#[test]
+fn json_schema_output_is_valid() {
+    let tok = tokenizer();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "c": {"enum": ["red", "green"]},
+            "ok": {"type": "boolean"}
+        },
+        "required": ["n", "c", "ok"],
+        "additionalProperties": false
+    });
+    let spec = Spec::JsonSchema(schema);
+    for seed in 0..4usize {
+        let (text, ended) = walk(&tok, &spec, 60, |a, step| {
+            a[(seed * 31 + step * 17) % a.len()]
+        });
+        assert!(ended, "{text:?}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(
+            v["n"].as_i64().is_some_and(|n| (0..=99).contains(&n)),
+            "{text}"
+        );
+        assert!(matches!(v["c"].as_str(), Some("red" | "green")), "{text}");
+        assert!(v["ok"].is_boolean(), "{text}");
+    }
+}
+
+#[test]
+fn unsupported_keywords_are_named() {
+    let tok = tokenizer();
+    let spec = Spec::JsonSchema(serde_json::json!({"type": "array", "uniqueItems": true}));
+    let e = Constraint::new(&tok, &spec).unwrap_err().to_string();
+    assert!(e.contains("uniqueItems"), "{e}");
+    assert!(e.contains("cannot enforce"), "{e}");
+}
+
+#[test]
+fn gbnf_errors_name_line_and_cause() {
+    for (src, want) in [
+        ("root ::= foo\n", "`foo` is used but never defined"),
+        ("expr ::= \"a\"\n", "no `root` rule"),
+        ("root ::= \"a\n", "unterminated string"),
+        ("root ::= [ab", "unterminated character class"),
+        ("root ::= <tok>\n", "token references"),
+        ("root ::= \"a\"{3,1}\n", "backwards"),
+        ("\nroot := \"a\"\n", "line 2"),
+    ] {
+        let e = gbnf::to_lark(src).unwrap_err().to_string();
+        assert!(e.contains(want), "{src:?}: {e}");
+    }
+}
+
+#[test]
+fn gbnf_repetitions_classes_and_escapes() {
+    let tok = tokenizer();
+    let spec = Spec::Gbnf(
+        "root ::= [A-Z] digit{2,3} (\"-\" [^\\x00-\\x60]?)+ \"\\n\"\ndigit ::= [0-9]\n".into(),
+    );
+    let re = |s: &str| {
+        let b = s.as_bytes();
+        b[0].is_ascii_uppercase()
+            && s.ends_with('\n')
+            && b[1].is_ascii_digit()
+            && b[2].is_ascii_digit()
+    };
+    for seed in 0..4usize {
+        let (text, ended) = walk(&tok, &spec, 40, |a, step| {
+            // Prefer ending once a few tokens are out, so that `+` terminates.
+            if step > 6 {
+                if let Some(&t) = a
+                    .iter()
+                    .find(|&&t| tok.piece(t, false) == b"\n" || tok.is_eog(t))
+                {
+                    return t;
+                }
+            }
+            a[(seed * 5 + step * 11) % a.len()]
+        });
+        assert!(ended && re(&text), "{text:?}");
+    }
+}
+
+#[test]
+fn rule_names_stay_distinct() {
+    let lark = gbnf::to_lark("root ::= a-b A\na-b ::= \"x\"\nA ::= \"y\"\n").unwrap();
+    assert!(lark.contains("g_a_2db: \"x\""), "{lark}");
+    assert!(lark.contains("g__41: \"y\""), "{lark}");
+}
