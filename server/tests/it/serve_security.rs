@@ -235,3 +235,36 @@ fn rate_limits_answer_429_with_retry_after_then_recover() {
     assert_eq!(s.request("GET", "/v1/models", &a, b"").status, 429);
     recovers(&s, &a, 2, 200);
 }
+
+/// `--default-max-tokens` caps a request that gives no max_tokens; one that gives it wins.
+#[test]
+fn default_max_tokens_applies_when_the_request_gives_none() {
+    let s = App::start(AppConfig {
+        http: HttpConfig {
+            default_max_tokens: Some(3),
+            ..HttpConfig::default()
+        },
+        ..AppConfig::default()
+    });
+    let ask = |body: serde_json::Value| {
+        let r = s.post_json("/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        (
+            v["usage"]["completion_tokens"].as_u64().unwrap(),
+            v["choices"][0]["finish_reason"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        )
+    };
+    let prompt = "Once upon a time";
+    assert_eq!(
+        ask(serde_json::json!({"prompt": prompt, "temperature": 0})),
+        (3, "length".to_owned())
+    );
+    assert_eq!(
+        ask(serde_json::json!({"prompt": prompt, "temperature": 0, "max_tokens": 6})),
+        (6, "length".to_owned())
+    );
+}
