@@ -243,6 +243,8 @@ mod tests {
             "openai",
             "openapi-spec-validator",
             "python-hcl2",
+            "schemathesis",
+            "jsonschema",
         ] {
             assert!(
                 lines.iter().any(|l| l.starts_with(&format!("{wanted}=="))),
