@@ -50,7 +50,8 @@ fn deep_and_wide_bodies_are_refused_without_memory_jumping() {
             "deep prompt",
             "/v1/completions",
             body(r#"{"prompt":"#, "[", ""),
-            "recursion limit",
+            // A prompt nests at most two arrays deep: the third is refused where it opens.
+            "at `prompt[0][0]`",
         ),
         (
             "wide ignored field",
@@ -63,6 +64,18 @@ fn deep_and_wide_bodies_are_refused_without_memory_jumping() {
             "/v1/chat/completions",
             body(r#"{"messages":["#, "1,", "1]}"),
             "messages",
+        ),
+        (
+            "wide prompt list",
+            "/v1/completions",
+            body(r#"{"prompt":["#, r#""a","#, r#""a"]}"#),
+            "prompt lists",
+        ),
+        (
+            "wide stop list",
+            "/v1/completions",
+            body(r#"{"prompt":"a","stop":["#, r#""a","#, r#""a"]}"#),
+            "stop sequences given",
         ),
     ];
     // Warm up the allocator with an ordinary request.

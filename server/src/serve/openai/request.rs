@@ -14,6 +14,8 @@ use crate::sampler::SamplerParams;
 use crate::serve::error::ApiError;
 use crate::serve::openai::tools::{ToolChoice, ToolRequest};
 
+pub use super::one_or_list::{Prompt, PromptInput, Stop};
+
 /// `POST /v1/chat/completions`.
 #[derive(Debug)]
 pub struct ChatRequest {
@@ -196,39 +198,17 @@ impl ChatMessage {
     }
 }
 
-/// A completion prompt: text or token ids, alone or as a one-element list.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Prompt {
-    Text(String),
-    Tokens(Vec<u32>),
-    TextList(Vec<String>),
-    TokenLists(Vec<Vec<u32>>),
-}
-
-/// The one prompt of a completion request: text to tokenize, or token ids.
-pub enum PromptInput {
-    Text(String),
-    Tokens(Vec<u32>),
-}
-
 impl Prompt {
     pub fn into_input(self) -> Result<PromptInput, ApiError> {
-        fn single<T>(mut list: Vec<T>) -> Result<T, ApiError> {
-            match list.len() {
-                1 => Ok(list.remove(0)),
-                n => Err(ApiError::bad_param(
-                    "prompt",
-                    format!("prompt lists {n} prompts; send one prompt per request"),
-                )),
-            }
+        match self {
+            Prompt::Text(s) => Ok(PromptInput::Text(s)),
+            Prompt::Tokens(t) => Ok(PromptInput::Tokens(t)),
+            Prompt::Listed { first, count: 1 } => Ok(first),
+            Prompt::Listed { count, .. } => Err(ApiError::bad_param(
+                "prompt",
+                format!("prompt lists {count} prompts; send one prompt per request"),
+            )),
         }
-        Ok(match self {
-            Prompt::Text(s) => PromptInput::Text(s),
-            Prompt::Tokens(t) => PromptInput::Tokens(t),
-            Prompt::TextList(l) => PromptInput::Text(single(l)?),
-            Prompt::TokenLists(l) => PromptInput::Tokens(single(l)?),
-        })
     }
 }
 
@@ -410,21 +390,11 @@ pub struct JsonSchemaFormat {
     pub strict: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
-
-/// OpenAI allows at most 4 stop sequences; a few more cost nothing, hundreds would.
-const MAX_STOPS: usize = 16;
 
 impl GenerationRequest {
     /// The engine's settings, the answer's delivery and the output's required form; refuses
@@ -453,21 +423,14 @@ impl GenerationRequest {
             }
             other => other.map(|n| n as usize),
         };
-        let stop = match self.stop {
-            None => vec![],
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(list)) => list,
-        };
-        if stop.len() > MAX_STOPS {
-            return Err(ApiError::bad_param(
-                "stop",
-                format!(
-                    "{} stop sequences given; at most {MAX_STOPS} are accepted",
-                    stop.len()
-                ),
-            ));
-        }
-        let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
+        // At most MAX_STOPS: the reader of `stop` refuses more.
+        let stop = self
+            .stop
+            .unwrap_or_default()
+            .0
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
         let seed = match self.seed {
             Some(s) if s >= 0 => s as u64,
             _ => random_seed(),
