@@ -378,6 +378,7 @@ in
     ];
     serviceConfig = metadataJobConfinement // {
       ProtectHome = true;
+      StandardOutput = "journal+console";
     };
   };
 

@@ -8,7 +8,7 @@ mod memory;
 mod secrets;
 mod server;
 
-pub use server::http_status_line;
+pub use server::{http_status_line, https_status_line};
 
 use std::fmt;
 use std::io::{self, Read};

@@ -334,6 +334,9 @@ RemainAfterExit=yes
 StateDirectory={state}
 StateDirectoryMode=0700
 ExecStart={command}
+# Also on the serial console (OCI's console history): where the key came from and the
+# certificate's fingerprint, never the key itself.
+StandardOutput=journal+console
 ProtectHome=yes
 {confinement}
 [Install]

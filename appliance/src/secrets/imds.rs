@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use super::Metadata;
 
-/// Tries and the pause between them: the network may still be coming up at boot.
-const TRIES: u32 = 10;
+/// Tries and the pause between them: the network may still be coming up at boot (as for the
+/// SSH keys' curl, about half a minute in all).
+const TRIES: u32 = 6;
 const PAUSE: Duration = Duration::from_secs(3);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The metadata path of user-defined keys under the service's base URL.
@@ -31,6 +33,7 @@ impl Imds {
     pub fn with_base(base: String) -> Imds {
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(TIMEOUT))
+            .timeout_connect(Some(CONNECT_TIMEOUT))
             .http_status_as_error(false)
             .build()
             .into();

@@ -23,6 +23,10 @@ pub const METADATA_API_KEYS: &str = "llm_api_keys";
 pub const METADATA_TLS_CERT: &str = "llm_tls_cert";
 pub const METADATA_TLS_KEY: &str = "llm_tls_key";
 
+/// How `appliance secrets` introduces the fingerprint in the journal and on the serial console,
+/// where the image's smoke boot reads it.
+pub const FINGERPRINT_LINE: &str = "TLS certificate SHA-256 fingerprint ";
+
 /// Bytes of a generated key: 256 bits.
 const KEY_BYTES: usize = 32;
 /// A key from the metadata is at least this long: shorter ones can be guessed.
@@ -80,8 +84,12 @@ pub fn provision(
     metadata: &dyn Metadata,
 ) -> Result<Provisioned, String> {
     let mut log = Vec::new();
-    let keys = api_keys(profile.server.api_keys, files, metadata, &mut log)?;
-    let tls = certificate(profile, files, metadata, &mut log)?;
+    let metadata = Remembering {
+        inner: metadata,
+        down: std::cell::RefCell::new(None),
+    };
+    let keys = api_keys(profile.server.api_keys, files, &metadata, &mut log)?;
+    let tls = certificate(profile, files, &metadata, &mut log)?;
     let fingerprint = if tls == Source::Off {
         None
     } else {
@@ -92,7 +100,7 @@ pub fn provision(
         )
     };
     if let Some(f) = fingerprint {
-        log.push(format!("TLS certificate SHA-256 fingerprint {f}"));
+        log.push(format!("{FINGERPRINT_LINE}{f}"));
     }
     Ok(Provisioned {
         keys,
@@ -100,6 +108,26 @@ pub fn provision(
         fingerprint,
         log,
     })
+}
+
+/// Once the service proved unreachable, the other keys are not asked again: each ask would
+/// wait through all its retries before the server may start.
+struct Remembering<'a> {
+    inner: &'a dyn Metadata,
+    down: std::cell::RefCell<Option<String>>,
+}
+
+impl Metadata for Remembering<'_> {
+    fn get(&self, key: &str) -> Result<Option<String>, String> {
+        if let Some(e) = self.down.borrow().as_ref() {
+            return Err(e.clone());
+        }
+        let got = self.inner.get(key);
+        if let Err(e) = &got {
+            *self.down.borrow_mut() = Some(e.clone());
+        }
+        got
+    }
 }
 
 /// Asks the metadata for `key` when the profile allows it; an unreachable service is logged

@@ -135,6 +135,41 @@ fn selected(line: &str) -> Option<&str> {
         .find_map(|a| a.strip_prefix('[')?.strip_suffix(']'))
 }
 
+/// The units `systemd-analyze security` must score at most this exposure ("OK").
+const CONFINED_UNITS: [&str; 3] = [
+    appliance::paths::SERVER_UNIT,
+    appliance::paths::SECRETS_UNIT,
+    appliance::paths::SSH_KEYS_UNIT,
+];
+const EXPOSURE_MAX: f64 = 2.0;
+
+/// `systemd-analyze security` on the booted box: the server and the jobs that talk to the
+/// metadata service score an exposure of at most 2.0.
+pub fn confinement(ssh: &Ssh) -> Result<String> {
+    let out = ssh.check(&format!(
+        "systemd-analyze security --no-pager {} 2>&1 | grep -F 'Overall exposure level' || true",
+        CONFINED_UNITS.join(" ")
+    ))?;
+    let mut found = Vec::new();
+    let mut problems = Vec::new();
+    for unit in CONFINED_UNITS {
+        let level = out
+            .lines()
+            .find(|l| l.contains(&format!("for {unit}:")))
+            .and_then(|l| l.rsplit_once(':'))
+            .and_then(|(_, r)| r.split_whitespace().next()?.parse::<f64>().ok());
+        match level {
+            Some(l) if l <= EXPOSURE_MAX => found.push(format!("{unit} {l}")),
+            Some(l) => problems.push(format!("{unit}: exposure {l} > {EXPOSURE_MAX}")),
+            None => problems.push(format!("no exposure for {unit} in: {out}")),
+        }
+    }
+    verdict(
+        problems,
+        format!("systemd-analyze security: {}", found.join(", ")),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
