@@ -124,6 +124,9 @@ in
       };
       # This profile's unit settings over the service module's defaults, and the limits.
       systemd.services.llm-server.serviceConfig = v.serverUnit.serviceConfig // v.serverUnit.limits;
+      # Its keys and certificate come from llm-secrets.service below (the service module alone
+      # has no such unit to require).
+      systemd.services.llm-server.requires = v.serverUnit.requires;
 
       services.zram-generator = {
         enable = true;

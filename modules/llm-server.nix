@@ -170,7 +170,6 @@ in
       inherit (shipped.serverUnit)
         description
         after
-        requires
         wantedBy
         startLimitIntervalSec
         ;
