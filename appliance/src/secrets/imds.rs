@@ -34,6 +34,8 @@ impl Imds {
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(TIMEOUT))
             .timeout_connect(Some(CONNECT_TIMEOUT))
+            // A link-local service: never through an HTTP proxy from the environment.
+            .proxy(None)
             .http_status_as_error(false)
             .build()
             .into();
