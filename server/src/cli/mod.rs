@@ -36,7 +36,12 @@ enum Cmd {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        // A bad option exits 1, not clap's 2: 2 says "the memory plan does not fit" (plan.rs),
+        // and systemd is told not to restart on either.
+        let _ = e.print();
+        std::process::exit(if e.use_stderr() { 1 } else { 0 });
+    });
     let result = match cli.cmd {
         Cmd::Inspect(c) => c.run(),
         Cmd::Plan(c) => c.run(),

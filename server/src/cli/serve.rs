@@ -7,11 +7,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use llm_server::engine::{Counters, Engine, Slots};
+use llm_server::engine::{Counters, Engine, Slots, DECODE_THREAD};
 use llm_server::gguf::Gguf;
 use llm_server::model::{LoadOptions, Model};
 use llm_server::serve::auth::ApiKeys;
-use llm_server::serve::{router, sd_notify, AppState, HttpConfig, Ready};
+use llm_server::serve::limit::RateConfig;
+use llm_server::serve::listener::ConnLimits;
+use llm_server::serve::{listener, router, sd_notify, tls, AppState, HttpConfig, Ready};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
@@ -46,9 +48,40 @@ pub struct Serve {
     /// File of API keys, one per line; requests then need `Authorization: Bearer <key>`.
     #[arg(long)]
     api_key_file: Option<PathBuf>,
-    /// Require the key for /health, /metrics and /openapi.json too.
+    /// Require the key for /health and /openapi.json too (/metrics needs it whenever keys are on).
     #[arg(long, requires = "api_key_file")]
     auth_probes: bool,
+    /// TLS certificate chain (PEM, leaf first); with --tls-key the port speaks only HTTPS.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Requests per minute per API key (token bucket; 0 = no limit). Over it: 429 + Retry-After.
+    #[arg(long, default_value_t = RateConfig::default().per_key)]
+    rate_limit_key: u32,
+    /// Requests per minute per client IP address (token bucket; 0 = no limit).
+    #[arg(long, default_value_t = RateConfig::default().per_ip)]
+    rate_limit_ip: u32,
+    /// Requests a rate-limit bucket holds: how many may come at once after a quiet spell.
+    #[arg(long, default_value_t = RateConfig::default().burst, value_parser = clap::value_parser!(u32).range(1..))]
+    rate_burst: u32,
+    /// Connections served at once; more wait in the kernel's accept queue.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Seconds a client has to send a request's headers (and, with TLS, finish the handshake).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout: u64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, default_value_t = HttpConfig::default().body_timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout: u64,
+    /// max_tokens of a request that gives none (default: up to the end of the context).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    default_max_tokens: Option<u64>,
+    /// An origin browsers may call the API from (repeatable), e.g. https://app.example;
+    /// none: CORS off.
+    #[arg(long = "cors-origin", value_name = "ORIGIN", value_parser = cors_origin)]
+    cors_origins: Vec<String>,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = HttpConfig::default().body_limit)]
     body_limit: usize,
@@ -58,6 +91,10 @@ pub struct Serve {
     /// Seconds in-flight requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10)]
     shutdown_timeout: u64,
+    /// Seconds the decode thread may work without progress before /health says 503 and the
+    /// systemd watchdog pings stop (a long prompt chunk on a slow CPU must fit well inside).
+    #[arg(long, default_value_t = HttpConfig::default().engine_stall.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    engine_stall_timeout: u64,
     /// Start even when the memory plan does not fit the limits (only warn).
     #[arg(long)]
     ignore_memory_plan: bool,
@@ -66,6 +103,7 @@ pub struct Serve {
 impl Serve {
     pub fn run(self) -> CliResult {
         init_logging();
+        exit_on_engine_panic();
         let gguf = Gguf::open(&self.model)?;
         let checked = Checked::new(&gguf, self.sizing)?;
         let table = checked.table(&self.model.display().to_string());
@@ -86,11 +124,28 @@ impl Serve {
             Some(path) => ApiKeys::from_file(path)?,
             None => ApiKeys::default(),
         };
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+            _ => None,
+        };
+        if api_keys.is_empty() && self.rate_limit_key > 0 {
+            tracing::warn!("--rate-limit-key has no effect without --api-key-file");
+        }
         let http = HttpConfig {
             body_limit: self.body_limit,
             request_timeout: Duration::from_secs(self.request_timeout),
+            body_timeout: Duration::from_secs(self.body_timeout),
             api_keys,
             protect_probes: self.auth_probes,
+            default_max_tokens: self.default_max_tokens.map(|n| n as usize),
+            loopback_hosts: self.host.is_loopback(),
+            cors_origins: self.cors_origins.clone(),
+            rate: RateConfig {
+                per_key: self.rate_limit_key,
+                per_ip: self.rate_limit_ip,
+                burst: self.rate_burst,
+            },
+            engine_stall: Duration::from_secs(self.engine_stall_timeout),
         };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // HTTP is light work next to decoding: a small runtime leaves the CPUs to the model.
@@ -100,7 +155,7 @@ impl Serve {
             .thread_name("http")
             .enable_all()
             .build()?;
-        let code = runtime.block_on(self.serve(gguf, checked, http, cpus))?;
+        let code = runtime.block_on(self.serve(gguf, checked, http, tls, cpus))?;
         if code == ExitCode::SUCCESS {
             Ok(())
         } else {
@@ -113,6 +168,7 @@ impl Serve {
         gguf: Gguf,
         checked: Checked,
         http: HttpConfig,
+        tls: Option<tokio_rustls::TlsAcceptor>,
         cpus: usize,
     ) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let addr = SocketAddr::new(self.host, self.port);
@@ -120,7 +176,8 @@ impl Serve {
             format!("cannot listen on {addr}: {e}; choose another --port or --host")
         })?;
         tracing::info!(
-            "listening on http://{}; loading the model",
+            "listening on {}://{}; loading the model",
+            if tls.is_some() { "https" } else { "http" },
             listener.local_addr()?
         );
 
@@ -154,11 +211,21 @@ impl Serve {
             }
         });
         if let Some(interval) = sd_notify::watchdog_interval() {
+            // The timer only paces the pings; whether one is sent is the decode thread's
+            // heartbeat's say. A stuck engine stops them, and systemd restarts the service.
+            let state = state.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(interval);
+                let mut was_alive = true;
                 loop {
                     tick.tick().await;
-                    notify_systemd("WATCHDOG=1");
+                    let alive = state.is_alive();
+                    if alive {
+                        notify_systemd("WATCHDOG=1");
+                    } else if was_alive {
+                        tracing::error!("the decode thread is stuck: no more watchdog pings");
+                    }
+                    was_alive = alive;
                 }
             });
         }
@@ -189,9 +256,11 @@ impl Serve {
                 state.cancel_all();
             }
         });
-        axum::serve(listener, router(state.clone()))
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        let limits = ConnLimits {
+            max_connections: self.max_connections as usize,
+            header_timeout: Duration::from_secs(self.header_timeout),
+        };
+        listener::serve(listener, router(state.clone()), tls, limits, shutdown).await;
         // Anything still queued (e.g. on connections that closed) is released with the engine.
         let _ = tokio::task::spawn_blocking(move || state.cancel_all()).await;
         tracing::info!("stopped");
@@ -201,6 +270,25 @@ impl Serve {
             ExitCode::SUCCESS
         })
     }
+}
+
+/// The status of a process whose decode thread panicked: not 1, 2 or 3 (which systemd is told
+/// not to restart), so that systemd restarts it (70 is sysexits' EX_SOFTWARE).
+const EXIT_ENGINE_PANIC: i32 = 70;
+
+/// A panic on the decode thread ends the process: queued requests would otherwise wait for ever
+/// on a thread that is gone. Panics elsewhere (a request's task) stay that request's failure.
+fn exit_on_engine_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        if std::thread::current().name() == Some(DECODE_THREAD) {
+            tracing::error!(
+                "the decode thread panicked: exiting with status {EXIT_ENGINE_PANIC} to be restarted"
+            );
+            std::process::exit(EXIT_ENGINE_PANIC);
+        }
+    }));
 }
 
 /// What loading needs, moved to a blocking thread.
@@ -235,6 +323,20 @@ impl Loader {
         );
         Ok(Ready::new(engine, self.model_id))
     }
+}
+
+/// An origin as browsers send it: scheme, host and optional port, nothing else.
+fn cors_origin(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("https://")
+        .or_else(|| s.strip_prefix("http://"))
+        .ok_or_else(|| format!("{s:?} is not an origin: write it as https://host[:port]"))?;
+    if rest.is_empty() || rest.contains(['/', '?', '#', ' ']) || !s.is_ascii() {
+        return Err(format!(
+            "{s:?} is not an origin: scheme, host and port only, as https://app.example:8443"
+        ));
+    }
+    Ok(s.to_owned())
 }
 
 fn file_name(path: &Path) -> String {

@@ -19,7 +19,10 @@ use chat_template::{ChatTemplate, TemplateError, Turn};
 use job::Job;
 use scheduler::Scheduler;
 
-pub use counters::Counters;
+pub use counters::{Counters, Liveness};
+
+/// The decode thread's name: a panic on it ends the process (`serve` installs the hook).
+pub const DECODE_THREAD: &str = "decode";
 pub use generation::{FinishReason, Generation, Usage};
 pub use job::{Event, Events, JobFailure, Refused};
 pub use stop::StopMatcher;

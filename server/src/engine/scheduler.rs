@@ -81,10 +81,12 @@ impl Scheduler {
             wake: Condvar::new(),
             counters,
         });
-        let thread = std::thread::Builder::new().name("decode".into()).spawn({
-            let shared = shared.clone();
-            move || decode_loop(&model, &shared, slots)
-        })?;
+        let thread = std::thread::Builder::new()
+            .name(super::DECODE_THREAD.into())
+            .spawn({
+                let shared = shared.clone();
+                move || decode_loop(&model, &shared, slots)
+            })?;
         Ok(Scheduler {
             shared,
             thread: Mutex::new(Some(thread)),
@@ -172,6 +174,7 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
     let counters = &shared.counters;
     let slot_count = slots.len();
     loop {
+        counters.beat();
         {
             let mut state = shared.lock();
             loop {
@@ -208,7 +211,8 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
                 if busy > 0 {
                     break;
                 }
-                state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                state =
+                    counters.idle(|| shared.wake.wait(state).unwrap_or_else(|e| e.into_inner()));
             }
         }
         for slot in &mut slots {

@@ -7,12 +7,18 @@ use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 
-/// The accepted keys. Empty: no key is needed.
+/// The accepted keys, kept only as SHA-256 digests: comparing digests of a fixed length takes
+/// the same time whatever the length of the key or of the guess. Empty: no key is needed.
 #[derive(Clone, Default)]
-pub struct ApiKeys(Arc<Vec<String>>);
+pub struct ApiKeys(Arc<Vec<[u8; 32]>>);
+
+/// Which key admitted a request (its line among the keys), for the per-key rate limit.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyId(pub usize);
 
 /// Keys are secrets: debug output shows only how many there are.
 impl std::fmt::Debug for ApiKeys {
@@ -21,16 +27,20 @@ impl std::fmt::Debug for ApiKeys {
     }
 }
 
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
 impl ApiKeys {
     /// One key per line; blank lines and `#` comments are skipped.
     pub fn from_file(path: &Path) -> Result<ApiKeys, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the API key file {}: {e}", path.display()))?;
-        let keys: Vec<String> = text
+        let keys: Vec<[u8; 32]> = text
             .lines()
             .map(str::trim)
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(str::to_owned)
+            .map(|key| digest(key.as_bytes()))
             .collect();
         if keys.is_empty() {
             return Err(format!(
@@ -45,29 +55,46 @@ impl ApiKeys {
         self.0.is_empty()
     }
 
-    /// Whether `header` (the Authorization value) carries one of the keys. Every key is compared
-    /// in full, so the time taken does not reveal how much of a guess was right.
-    fn admits(&self, header: Option<&[u8]>) -> bool {
-        let Some(token) = header.and_then(|h| h.strip_prefix(b"Bearer ")) else {
-            return false;
-        };
-        self.0.iter().fold(false, |ok, key| {
-            ok | constant_time_eq(key.as_bytes(), token)
+    /// The key `header` (the Authorization value) carries, if it is one of ours. The scheme is
+    /// matched without regard to case (RFC 9110, 11.1). Every key is compared in full, so the
+    /// time taken does not reveal which key, nor how much of a guess, was right.
+    fn admits(&self, header: Option<&[u8]>) -> Option<KeyId> {
+        let header = header?;
+        let space = header.iter().position(|&b| b == b' ')?;
+        let (scheme, token) = header.split_at(space);
+        if !scheme.eq_ignore_ascii_case(b"bearer") {
+            return None;
+        }
+        let guess = digest(token.trim_ascii());
+        self.0.iter().enumerate().fold(None, |found, (i, key)| {
+            if equal_digests(key, &guess) {
+                Some(KeyId(i))
+            } else {
+                found
+            }
         })
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Compares every byte whatever differs first; `black_box` keeps the compiler from stopping
+/// early.
+fn equal_digests(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
-/// Middleware: refuses requests without a valid key with 401.
-pub async fn require_key(State(keys): State<ApiKeys>, req: Request, next: Next) -> Response {
+/// Middleware: refuses requests without a valid key with 401; admitted ones carry [`KeyId`].
+pub async fn require_key(State(keys): State<ApiKeys>, mut req: Request, next: Next) -> Response {
+    if keys.is_empty() {
+        return next.run(req).await;
+    }
     let header = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    if keys.is_empty() || keys.admits(header) {
-        next.run(req).await
-    } else {
-        ApiError::Unauthorized.into_response()
+    match keys.admits(header) {
+        Some(id) => {
+            req.extensions_mut().insert(id);
+            next.run(req).await
+        }
+        None => ApiError::Unauthorized.into_response(),
     }
 }
 
@@ -77,13 +104,20 @@ mod tests {
 
     #[test]
     fn bearer_keys() {
-        let keys = ApiKeys(Arc::new(vec!["k1".into(), "secret-2".into()]));
-        assert!(keys.admits(Some(b"Bearer secret-2")));
-        assert!(keys.admits(Some(b"Bearer k1")));
-        assert!(!keys.admits(Some(b"Bearer k")));
-        assert!(!keys.admits(Some(b"bearer k1")));
-        assert!(!keys.admits(Some(b"k1")));
-        assert!(!keys.admits(None));
+        let keys = ApiKeys(Arc::new(vec![digest(b"k1"), digest(b"secret-2")]));
+        let id = |h: &[u8]| keys.admits(Some(h)).map(|KeyId(i)| i);
+        assert_eq!(id(b"Bearer secret-2"), Some(1));
+        assert_eq!(id(b"Bearer k1"), Some(0));
+        // RFC 9110: the scheme is case-insensitive.
+        assert_eq!(id(b"bearer k1"), Some(0));
+        assert_eq!(id(b"BEARER k1"), Some(0));
+        assert_eq!(id(b"Bearer k"), None);
+        assert_eq!(id(b"Bearer k2"), None);
+        assert_eq!(id(b"Basic k1"), None);
+        assert_eq!(id(b"Bearerk1"), None);
+        assert_eq!(id(b"k1"), None);
+        assert_eq!(id(b""), None);
+        assert!(keys.admits(None).is_none());
     }
 
     #[test]
@@ -91,7 +125,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("llm-keys-{}", std::process::id()));
         std::fs::write(&path, "# admins\n  k1  \n\nk2\n").unwrap();
         let keys = ApiKeys::from_file(&path).unwrap();
-        assert_eq!(*keys.0, vec!["k1", "k2"]);
+        assert_eq!(*keys.0, vec![digest(b"k1"), digest(b"k2")]);
         std::fs::write(&path, "# nothing\n").unwrap();
         assert!(ApiKeys::from_file(&path)
             .unwrap_err()

@@ -21,12 +21,24 @@ pub enum ApiError {
     Unauthorized,
     #[error("no route for {method} {path}; see GET /openapi.json for the API")]
     NotFound { method: String, path: String },
+    #[error("too many requests: over the rate limit of this {by}; retry after {retry_after} s")]
+    RateLimited { by: &'static str, retry_after: u64 },
+    #[error(
+        "the request body did not arrive within {secs} s; send it at once or raise --body-timeout"
+    )]
+    BodyTimeout { secs: u64 },
+    #[error("Host header {host:?} refused: this server listens on loopback and answers only Host localhost, 127.0.0.1 or [::1] (DNS rebinding guard)")]
+    BadHost { host: String },
     #[error("the model is still loading; retry in a few seconds")]
     Loading,
     #[error("the server is busy: every slot is generating and the queue of {queue} requests is full; retry after {retry_after} s")]
     Overloaded { queue: usize, retry_after: u64 },
     #[error("the request did not finish within the server's time limit of {secs} s; ask for fewer tokens (max_tokens) or raise --request-timeout")]
     Timeout { secs: u64 },
+    #[error(
+        "the engine thread is stuck (no progress for {secs} s); the watchdog restarts the server"
+    )]
+    EngineStuck { secs: u64 },
     #[error("the server is shutting down")]
     ShuttingDown,
     /// A failure of ours: logged in full, reported without details.
@@ -56,6 +68,10 @@ impl ApiError {
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::BadHost { .. } => StatusCode::FORBIDDEN,
+            ApiError::EngineStuck { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Loading | ApiError::Overloaded { .. } | ApiError::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -67,9 +83,13 @@ impl ApiError {
     /// OpenAI's `error.type`.
     fn kind(&self) -> &'static str {
         match self {
-            ApiError::BadRequest { .. } | ApiError::TooLarge { .. } | ApiError::NotFound { .. } => {
-                "invalid_request_error"
-            }
+            ApiError::BadRequest { .. }
+            | ApiError::TooLarge { .. }
+            | ApiError::NotFound { .. }
+            | ApiError::BodyTimeout { .. }
+            | ApiError::BadHost { .. } => "invalid_request_error",
+            ApiError::RateLimited { .. } => "rate_limit_error",
+            ApiError::EngineStuck { .. } => "server_error",
             ApiError::Unauthorized => "authentication_error",
             ApiError::Loading | ApiError::Overloaded { .. } | ApiError::ShuttingDown => {
                 "unavailable_error"
@@ -86,6 +106,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => Some("request_too_large"),
             ApiError::Overloaded { .. } => Some("server_overloaded"),
             ApiError::Loading => Some("model_loading"),
+            ApiError::RateLimited { .. } => Some("rate_limit_exceeded"),
             _ => None,
         }
     }
@@ -132,7 +153,8 @@ impl IntoResponse for ApiError {
         let mut response = (self.status(), Json(self.body())).into_response();
         let headers = response.headers_mut();
         match &self {
-            ApiError::Overloaded { retry_after, .. } => {
+            ApiError::Overloaded { retry_after, .. }
+            | ApiError::RateLimited { retry_after, .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
             }
             ApiError::Loading | ApiError::ShuttingDown => {
@@ -140,6 +162,10 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            // The rest of a slow body is not read: the connection cannot carry another request.
+            ApiError::BodyTimeout { .. } => {
+                headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             _ => {}
         }

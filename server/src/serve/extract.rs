@@ -1,6 +1,11 @@
 //! The JSON body extractor: the body is read once, straight into the handler's typed request,
 //! and every rejection is an OpenAI-shaped 400 (413 when too large).
 //!
+//! The bytes go to serde straight into `T`: no generic `serde_json::Value` tree is built (a
+//! 2 MiB body of `[[[[...` or of a million small values would cost far more as a tree than as
+//! bytes), and nesting is bounded by serde_json's recursion limit (128 levels), an error not a
+//! stack overflow. The whole body must arrive within `--body-timeout`.
+//!
 //! axum's `Json` answers 415 without `Content-Type: application/json` (which `curl -d` does not
 //! send) and 422 for well-formed JSON of the wrong shape; clients of an OpenAI API expect 400
 //! with the parser's message either way.
@@ -21,9 +26,12 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let limit = state.http().body_limit;
-        let bytes = Bytes::from_request(req, state)
+        let (limit, timeout) = (state.http().body_limit, state.http().body_timeout);
+        let bytes = tokio::time::timeout(timeout, Bytes::from_request(req, state))
             .await
+            .map_err(|_| ApiError::BodyTimeout {
+                secs: timeout.as_secs(),
+            })?
             .map_err(|e| bytes_rejection(e, limit))?;
         let mut de = serde_json::Deserializer::from_slice(&bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(invalid_body)?;

@@ -8,10 +8,14 @@
 pub mod auth;
 pub mod error;
 mod extract;
+mod hosts;
+pub mod limit;
+pub mod listener;
 pub mod metrics;
 pub mod openai;
 mod routes;
 pub mod sd_notify;
+pub mod tls;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -50,9 +54,23 @@ pub struct HttpConfig {
     pub body_limit: usize,
     /// Time a request may take, queueing included.
     pub request_timeout: Duration,
+    /// Time to receive a request's whole body.
+    pub body_timeout: Duration,
     pub api_keys: ApiKeys,
-    /// Whether `/health`, `/metrics` and `/openapi.json` need a key too.
+    /// Whether `/health` and `/openapi.json` need a key too (`/metrics` does whenever keys are
+    /// on).
     pub protect_probes: bool,
+    /// `max_tokens` of a request that gives none; `None`: up to the end of the context.
+    pub default_max_tokens: Option<usize>,
+    /// Accept only `Host: localhost`, `127.0.0.1` or `[::1]` (DNS rebinding), set when the
+    /// server listens on a loopback address.
+    pub loopback_hosts: bool,
+    /// Origins allowed by CORS; empty: CORS off (browsers on other origins are refused).
+    pub cors_origins: Vec<String>,
+    pub rate: limit::RateConfig,
+    /// How long the decode thread may work without a heartbeat before it counts as stuck
+    /// (`/health` 503, no more watchdog pings).
+    pub engine_stall: Duration,
 }
 
 impl Default for HttpConfig {
@@ -61,8 +79,15 @@ impl Default for HttpConfig {
         HttpConfig {
             body_limit: 2 << 20,
             request_timeout: Duration::from_secs(600),
+            body_timeout: Duration::from_secs(30),
             api_keys: ApiKeys::default(),
             protect_probes: false,
+            default_max_tokens: None,
+            // The CLI sets it from `--host`; requests in process carry no Host header.
+            loopback_hosts: false,
+            cors_origins: Vec::new(),
+            rate: limit::RateConfig::default(),
+            engine_stall: Duration::from_secs(60),
         }
     }
 }
@@ -143,44 +168,92 @@ impl AppState {
         }
     }
 
+    /// Whether the server is alive: the model loads, or the decode thread waits for work or
+    /// made progress within `--engine-stall-timeout`. Gates the watchdog pings and `/health`.
+    pub fn is_alive(&self) -> bool {
+        self.inner
+            .metrics
+            .engine
+            .is_alive(self.inner.http.engine_stall)
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }
 
-    fn http(&self) -> &HttpConfig {
+    pub(crate) fn http(&self) -> &HttpConfig {
         &self.inner.http
     }
 }
 
 /// The application. Layers wrap from the inside out: the last `.layer` sees requests first.
+/// A request to the API passes: the request log, the Host guard (on loopback), CORS (when
+/// origins are given), the per-IP bucket, the key, the per-key bucket.
 pub fn router(state: AppState) -> Router {
     let http = state.http().clone();
     let require_key = middleware::from_fn_with_state(http.api_keys.clone(), auth::require_key);
+    let limits = limit::RateLimits::new(http.rate);
     let api = Router::new()
         .route("/v1/chat/completions", post(routes::generate::chat))
         .route("/v1/completions", post(routes::generate::completions))
         .route("/v1/models", get(routes::info::models))
         .route("/tokenize", post(routes::tokens::tokenize))
         .route("/detokenize", post(routes::tokens::detokenize))
+        .route_layer(middleware::from_fn_with_state(
+            limits.clone(),
+            limit::per_key,
+        ))
+        .route_layer(require_key.clone())
+        .route_layer(middleware::from_fn_with_state(limits, limit::per_ip));
+    // What the server counts is for its operators, not for every client.
+    let metrics = Router::new()
+        .route("/metrics", get(routes::info::metrics))
         .route_layer(require_key.clone());
     let probes = Router::new()
         .route("/health", get(routes::info::health))
-        .route("/metrics", get(routes::info::metrics))
         .route("/openapi.json", get(routes::info::openapi));
     let probes = if http.protect_probes {
         probes.route_layer(require_key)
     } else {
         probes
     };
-    api.merge(probes)
+    let mut app = api
+        .merge(metrics)
+        .merge(probes)
         .fallback(routes::info::not_found)
         .method_not_allowed_fallback(routes::info::method_not_allowed)
-        .layer(DefaultBodyLimit::max(http.body_limit))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            record_request,
-        ))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(http.body_limit));
+    if let Some(cors) = cors(&http.cors_origins) {
+        app = app.layer(cors);
+    }
+    if http.loopback_hosts {
+        app = app.layer(middleware::from_fn(hosts::loopback_only));
+    }
+    app.layer(middleware::from_fn_with_state(
+        state.clone(),
+        record_request,
+    ))
+    .with_state(state)
+}
+
+/// CORS for `origins` (browsers elsewhere get no CORS headers and so no answer), or none.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{header, HeaderValue, Method};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .max_age(Duration::from_secs(3600)),
+    )
 }
 
 /// Counts every answered request by route and status, and logs it.

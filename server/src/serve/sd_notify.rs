@@ -18,6 +18,9 @@ pub fn notify(state: &str) -> io::Result<bool> {
         None => SocketAddr::from_pathname(path.as_ref())?,
     };
     let socket = UnixDatagram::unbound()?;
+    // Called from async tasks: a full receive queue (a reader that does not keep up) must be
+    // an error, not a blocked worker thread.
+    socket.set_nonblocking(true)?;
     socket.send_to_addr(state.as_bytes(), &addr)?;
     Ok(true)
 }

@@ -331,9 +331,17 @@ fn api_keys() {
     );
     assert_eq!(r.status, 200);
     assert_eq!(s.get("/v1/models").status, 401);
-    // Probes stay public by default.
+    // Probes stay public by default; what the server counts does not.
     assert_eq!(s.get("/health").status, 200);
-    assert_eq!(s.get("/metrics").status, 200);
+    assert_eq!(s.get("/openapi.json").status, 200);
+    assert_eq!(s.get("/metrics").status, 401);
+    let r = s.request(
+        "GET",
+        "/metrics",
+        &[("Authorization", "Bearer sk-one")],
+        b"",
+    );
+    assert_eq!(r.status, 200);
     drop(s);
 
     let s = with_keys(true);

@@ -74,11 +74,12 @@ pub fn check_token_ids(ids: &[u32], n_vocab: usize, param: &'static str) -> Resu
 async fn generate(
     state: &AppState,
     prompt: Vec<u32>,
-    generation: Generation,
+    mut generation: Generation,
     delivery: Delivery,
     kind: Kind,
 ) -> Result<Response, ApiError> {
     let ready = state.ready()?;
+    generation.max_tokens = generation.max_tokens.or(state.http().default_max_tokens);
     let timeout = state.http().request_timeout;
     let events = ready
         .engine

@@ -9,9 +9,15 @@ use serde_json::json;
 use crate::serve::error::ApiError;
 use crate::serve::{AppState, OPENAPI_JSON};
 
-/// 200 once the model is loaded, 503 (with `Retry-After`) while it loads.
+/// 200 once the model is loaded, 503 (with `Retry-After`) while it loads, 503 when the decode
+/// thread is stuck or gone.
 pub async fn health(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     state.engine()?;
+    if !state.is_alive() {
+        return Err(ApiError::EngineStuck {
+            secs: state.http().engine_stall.as_secs(),
+        });
+    }
     Ok(Json(json!({"status": "ok"})))
 }
 

@@ -43,6 +43,13 @@ impl Server {
         Server::spawn_with_env(model, args, &[])
     }
 
+    /// Starts the server with extra environment variables and waits until it is ready.
+    pub fn start_with_env(model: &Path, args: &[&str], env: &[(&str, &Path)]) -> Server {
+        let server = Server::spawn_with_env(model, args, env);
+        server.wait_ready();
+        server
+    }
+
     /// Starts the server with extra environment variables, without waiting for it.
     pub fn spawn_with_env(model: &Path, args: &[&str], env: &[(&str, &Path)]) -> Server {
         let port = free_port();
@@ -96,6 +103,22 @@ impl Server {
     /// One sample of `/metrics` (a series without labels).
     pub fn metric(&self, name: &str) -> f64 {
         metric(&self.get("/metrics").body, name)
+    }
+
+    /// Waits up to `within` for the process to exit by itself.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running after {within:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Sends SIGTERM and waits up to `within` for the process to exit.
@@ -243,7 +266,16 @@ pub fn write_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<()> {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    // `Host: localhost` unless the test gives its own.
+    let host = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        ""
+    } else {
+        "Host: localhost\r\n"
+    };
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\n{host}Connection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }

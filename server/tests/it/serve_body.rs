@@ -1,0 +1,105 @@
+//! Hostile bodies: 2 MiB of one deeply nested or very wide JSON value are refused without the
+//! server's memory jumping. The body is read straight into the typed request (serde, no
+//! `serde_json::Value` tree) and nesting stops at serde_json's recursion limit; a tree of a
+//! million values would cost tens of MiB.
+//!
+//! Measured on a spawned server: its peak resident memory (VmHWM, reset through
+//! `/proc/PID/clear_refs` before each body) against what it held before (VmRSS), and its
+//! anonymous memory (RssAnon) after.
+
+use crate::serve_support::{synth_model, Requests, Server};
+
+/// Just under the default `--body-limit` of 2 MiB, so that the parser, not the limit, refuses.
+const SIZE: usize = (2 << 20) - 1024;
+
+/// Peak growth of resident memory allowed for one body: the 2 MiB of the body itself (hyper's
+/// buffer and the collected bytes) and the allocator's slack, far below a tree's cost.
+const PEAK_BOUND: u64 = 12 << 20;
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{field} missing from /proc/{pid}/status"))
+}
+
+/// `prefix`, then `unit` repeated to fill the body, then `suffix`.
+fn body(prefix: &str, unit: &str, suffix: &str) -> Vec<u8> {
+    let n = (SIZE - prefix.len() - suffix.len()) / unit.len();
+    let mut b = prefix.as_bytes().to_vec();
+    b.extend(unit.as_bytes().repeat(n));
+    b.extend(suffix.as_bytes());
+    b
+}
+
+#[test]
+fn deep_and_wide_bodies_are_refused_without_memory_jumping() {
+    let s = Server::start(&synth_model(), &[]);
+    let pid = s.pid();
+    let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
+        (
+            "deep array",
+            "/v1/chat/completions",
+            body("", "[", ""),
+            // Refused at its first byte: a request is an object.
+            "invalid type",
+        ),
+        (
+            "deep prompt",
+            "/v1/completions",
+            body(r#"{"prompt":"#, "[", ""),
+            "recursion limit",
+        ),
+        (
+            "wide ignored field",
+            "/v1/chat/completions",
+            body(r#"{"x":["#, "[],", r#"[]],"messages":"no"}"#),
+            "messages",
+        ),
+        (
+            "wide messages",
+            "/v1/chat/completions",
+            body(r#"{"messages":["#, "1,", "1]}"),
+            "messages",
+        ),
+    ];
+    // Warm up the allocator with an ordinary request.
+    let r = s.request(
+        "POST",
+        "/v1/completions",
+        &[],
+        br#"{"prompt":"a","max_tokens":1}"#,
+    );
+    assert_eq!(r.status, 200);
+    let anon_before = status_kib(pid, "RssAnon");
+    let mut failures = Vec::new();
+    for (name, path, body, expected) in &cases {
+        let rss = status_kib(pid, "VmRSS");
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+        let r = s.request("POST", path, &[("Content-Type", "application/json")], body);
+        let peak = status_kib(pid, "VmHWM");
+        let jump = peak.saturating_sub(rss) << 10;
+        eprintln!(
+            "{name}: {} bytes -> {} {:?}; peak RSS +{:.1} MiB",
+            body.len(),
+            r.status,
+            r.error_message(),
+            jump as f64 / 1048576.0
+        );
+        assert!(r.status == 400 || r.status == 413, "{name}: {}", r.body);
+        assert!(r.error_message().contains(expected), "{name}: {}", r.body);
+        if jump > PEAK_BOUND {
+            failures.push(format!("{name}: peak RSS +{} KiB", jump >> 10));
+        }
+    }
+    let anon_after = status_kib(pid, "RssAnon");
+    eprintln!("RssAnon {anon_before} KiB before, {anon_after} KiB after");
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(
+        anon_after.saturating_sub(anon_before) < 8 << 10,
+        "RssAnon {anon_before} -> {anon_after} KiB"
+    );
+    assert_eq!(s.get("/health").status, 200);
+}
