@@ -153,12 +153,7 @@ pub fn confinement(ssh: &Ssh) -> Result<String> {
     let mut found = Vec::new();
     let mut problems = Vec::new();
     for unit in CONFINED_UNITS {
-        let level = out
-            .lines()
-            .find(|l| l.contains(&format!("for {unit}:")))
-            .and_then(|l| l.rsplit_once(':'))
-            .and_then(|(_, r)| r.split_whitespace().next()?.parse::<f64>().ok());
-        match level {
+        match exposure(&out, unit) {
             Some(l) if l <= EXPOSURE_MAX => found.push(format!("{unit} {l}")),
             Some(l) => problems.push(format!("{unit}: exposure {l} > {EXPOSURE_MAX}")),
             None => problems.push(format!("no exposure for {unit} in: {out}")),
@@ -170,8 +165,25 @@ pub fn confinement(ssh: &Ssh) -> Result<String> {
     )
 }
 
+/// The exposure `systemd-analyze security` gives `unit` in its summary line
+/// (`→ Overall exposure level for UNIT: 1.5 OK :-)`).
+fn exposure(out: &str, unit: &str) -> Option<f64> {
+    out.lines()
+        .find_map(|l| l.split_once(&format!("for {unit}: ")))
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reads_the_exposure_of_each_unit() {
+        let out = "→ Overall exposure level for llm-server.service: 1.5 OK :-)\n\
+                   → Overall exposure level for llm-secrets.service: 1.7 OK :-)\n";
+        assert_eq!(super::exposure(out, "llm-server.service"), Some(1.5));
+        assert_eq!(super::exposure(out, "llm-secrets.service"), Some(1.7));
+        assert_eq!(super::exposure(out, "oci-ssh-keys.service"), None);
+    }
+
     #[test]
     fn finds_the_selected_algorithm() {
         assert_eq!(
