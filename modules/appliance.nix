@@ -31,6 +31,7 @@ let
     ssh-keygen = "${config.programs.ssh.package}/bin/ssh-keygen";
     install = "${pkgs.coreutils}/bin/install";
     free = "${pkgs.procps}/bin/free";
+    appliance = lib.getExe cfg.package;
   };
   command =
     words: utils.escapeSystemdExecArgs ([ programs.${builtins.head words} ] ++ builtins.tail words);
@@ -114,10 +115,18 @@ in
         port = mkDefault v.server.port;
         contextSize = mkDefault v.server.contextSize;
         parallel = mkDefault v.server.parallel;
+        limits = mkDefault v.server.limits;
+        # Provisioned by llm-secrets.service below, root-only, as the profile says.
+        apiKeyFile = mkDefault v.server.apiKeyFile;
+        tlsCertFile = mkDefault v.server.tlsCertFile;
+        tlsKeyFile = mkDefault v.server.tlsKeyFile;
         model = mkDefault (pkgs.callPackage ../nix/model.nix { inherit (cfg) profile; });
       };
       # This profile's unit settings over the service module's defaults, and the limits.
       systemd.services.llm-server.serviceConfig = v.serverUnit.serviceConfig // v.serverUnit.limits;
+      # Its keys and certificate come from llm-secrets.service below (the service module alone
+      # has no such unit to require).
+      systemd.services.llm-server.requires = v.serverUnit.requires;
 
       services.zram-generator = {
         enable = true;
@@ -158,8 +167,32 @@ in
           RuntimeDirectory = v.sshKeys.runtimeDirectory;
           RuntimeDirectoryMode = "0700";
           ExecStart = map command v.sshKeys.commands;
-        };
+        }
+        // v.sshKeysConfinement;
       };
+
+      # The API keys and the TLS certificate, before the server (`appliance secrets`).
+      systemd.services.llm-secrets = {
+        inherit (v.secrets)
+          description
+          wants
+          after
+          before
+          ;
+        wantedBy = [ "multi-user.target" ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          StateDirectory = v.secrets.stateDirectory;
+          StateDirectoryMode = "0700";
+          ExecStart = command v.secrets.command;
+        }
+        // v.secrets.serviceConfig;
+      };
+
+      # The login banner names the key's file and the certificate's fingerprint on Debian
+      # (update-motd.d); NixOS's motd is static, so it points at the doctor instead.
+      users.motd = "LLM appliance: `appliance doctor` prints the API key and the TLS certificate's fingerprint.";
 
       systemd.services.memory-baseline = {
         inherit (v.memoryBaseline) description after before;

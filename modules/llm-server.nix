@@ -24,9 +24,15 @@ let
   );
   serveArgs = import ./serve-args.nix;
 
-  # systemd hands the key file to the unit's dynamic user in its credentials directory (%d),
-  # so the file itself can stay root-only.
-  apiKeyCredential = "api-keys";
+  # systemd hands the key and certificate files to the unit's dynamic user in its credentials
+  # directory (%d), so the files themselves can stay root-only. Names and flags as in
+  # appliance/src/render/units.rs.
+  credentials = builtins.filter (c: c.file != null) [
+    { name = "api-keys"; file = cfg.apiKeyFile; flag = "--api-key-file"; }
+    { name = "tls-cert"; file = cfg.tlsCertFile; flag = "--tls-cert"; }
+    { name = "tls-key"; file = cfg.tlsKeyFile; flag = "--tls-key"; }
+  ];
+  inStore = f: f != null && lib.hasPrefix builtins.storeDir (toString f);
 in
 {
   options.services.llm-server = {
@@ -93,6 +99,37 @@ in
       '';
     };
 
+    tlsCertFile = mkOption {
+      type = types.nullOr types.path;
+      default = null;
+      example = "/var/lib/llm-secrets/tls-cert.pem";
+      description = ''
+        PEM certificate (chain) to serve the API over HTTPS; needs {option}`tlsKeyFile`. Passed
+        as a systemd credential. Give it as a string.
+      '';
+    };
+
+    tlsKeyFile = mkOption {
+      type = types.nullOr types.path;
+      default = null;
+      example = "/var/lib/llm-secrets/tls-key.pem";
+      description = ''
+        PEM private key of {option}`tlsCertFile`, passed as a systemd credential so it may be
+        readable by root only. Give it as a string: a path literal would be copied into the
+        world-readable Nix store.
+      '';
+    };
+
+    limits = mkOption {
+      type = types.attrs;
+      default = shipped.server.limits;
+      defaultText = literalExpression "the shipped profile's [server.limits]";
+      description = ''
+        Rate limits, connection limit, timeouts, default `max_tokens` and CORS origins, keyed as
+        the profile's `[server.limits]` (see appliance/profiles/e2-micro.toml).
+      '';
+    };
+
     openFirewall = mkOption {
       type = types.bool;
       default = false;
@@ -115,11 +152,15 @@ in
   config = mkIf cfg.enable {
     assertions = [
       {
-        assertion = cfg.apiKeyFile == null || !lib.hasPrefix builtins.storeDir (toString cfg.apiKeyFile);
+        assertion = !(inStore cfg.apiKeyFile || inStore cfg.tlsKeyFile);
         message = ''
-          services.llm-server.apiKeyFile is in the Nix store, which every user can read: keep
-          the keys outside it (e.g. /run/secrets) and give the path as a string.
+          services.llm-server.apiKeyFile or tlsKeyFile is in the Nix store, which every user can
+          read: keep secrets outside it (e.g. /run/secrets) and give the path as a string.
         '';
+      }
+      {
+        assertion = (cfg.tlsCertFile == null) == (cfg.tlsKeyFile == null);
+        message = "services.llm-server: give both tlsCertFile and tlsKeyFile, or neither.";
       }
     ];
 
@@ -144,12 +185,13 @@ in
                 port
                 contextSize
                 parallel
+                limits
                 ;
             }
             ++ cfg.extraArgs
           )
-          + optionalString (cfg.apiKeyFile != null) " --api-key-file %d/${apiKeyCredential}";
-        LoadCredential = mkIf (cfg.apiKeyFile != null) "${apiKeyCredential}:${toString cfg.apiKeyFile}";
+          + lib.concatMapStrings (c: " ${c.flag} %d/${c.name}") credentials;
+        LoadCredential = mkIf (credentials != [ ]) (map (c: "${c.name}:${toString c.file}") credentials);
       };
     };
   };

@@ -78,6 +78,58 @@ let
 
   ssh = toString network.ssh_port;
   api = toString server.api_port;
+
+  # The box's secrets (appliance/src/paths.rs), root-only, provisioned by llm-secrets.service.
+  secretsDir = "/var/lib/llm-secrets";
+  keysOn = server.api_keys != "none";
+  tlsOn = server.tls != "none";
+  # The systemd credentials the server loads and the flag naming each (appliance/src/render/units.rs).
+  credentials =
+    (if keysOn then [ { name = "api-keys"; file = "${secretsDir}/api-keys"; flag = "--api-key-file"; } ] else [ ])
+    ++ (
+      if tlsOn then
+        [
+          { name = "tls-cert"; file = "${secretsDir}/tls-cert.pem"; flag = "--tls-cert"; }
+          { name = "tls-key"; file = "${secretsDir}/tls-key.pem"; flag = "--tls-key"; }
+        ]
+      else
+        [ ]
+    );
+
+  # The confinement of the jobs that talk to the metadata service: root, but without
+  # capabilities, nothing writable beyond their own directories, and no address but the
+  # metadata service's.
+  metadataJobConfinement = {
+    ProtectSystem = "strict";
+    PrivateTmp = true;
+    PrivateDevices = true;
+    PrivateMounts = true;
+    NoNewPrivileges = true;
+    CapabilityBoundingSet = "";
+    ProtectKernelTunables = true;
+    ProtectKernelModules = true;
+    ProtectKernelLogs = true;
+    ProtectControlGroups = true;
+    ProtectClock = true;
+    ProtectHostname = true;
+    ProtectProc = "invisible";
+    ProcSubset = "pid";
+    RestrictAddressFamilies = [
+      "AF_INET"
+      "AF_INET6"
+    ];
+    RestrictNamespaces = true;
+    RestrictRealtime = true;
+    RestrictSUIDSGID = true;
+    LockPersonality = true;
+    MemoryDenyWriteExecute = true;
+    SystemCallArchitectures = "native";
+    SystemCallFilter = [ "@system-service" ];
+    SystemCallErrorNumber = "EPERM";
+    UMask = "0077";
+    IPAddressDeny = "any";
+    IPAddressAllow = "${oci.metadata_address}/32";
+  };
 in
 {
   inherit (machine) name;
@@ -97,7 +149,17 @@ in
     port = server.api_port;
     contextSize = server.ctx_size;
     parallel = server.parallel;
+    # [server.limits] as the profile spells them; ./serve-args.nix turns them into flags.
+    inherit (server) limits;
+    apiKeyFile = if keysOn then "${secretsDir}/api-keys" else null;
+    tlsCertFile = if tlsOn then "${secretsDir}/tls-cert.pem" else null;
+    tlsKeyFile = if tlsOn then "${secretsDir}/tls-key.pem" else null;
   };
+
+  # The credentials' flags, with systemd's %d (the credentials directory), appended unescaped
+  # after the escaped arguments; and the LoadCredential= values.
+  credentialArgs = builtins.concatLists (map (c: [ c.flag "%d/${c.name}" ]) credentials);
+  loadCredentials = map (c: "${c.name}:${c.file}") credentials;
 
   # `systemd.services.llm-server`: ready once the model is loaded (Type=notify), restarted
   # forever, protected in memory and confined. The confinement leaves /proc/meminfo and the
@@ -105,7 +167,12 @@ in
   # the server sizes itself against them.
   serverUnit = {
     description = "LLM inference server (OpenAI-compatible API)";
-    after = [ "network.target" ];
+    after = [
+      "network.target"
+      "llm-secrets.service"
+    ];
+    # The API keys and the certificate must exist before the server reads them.
+    requires = [ "llm-secrets.service" ];
     wantedBy = [ "multi-user.target" ];
     # Restart=always means forever: never give up after a burst of failures.
     startLimitIntervalSec = 0;
@@ -114,8 +181,13 @@ in
       NotifyAccess = "main";
       Restart = "always";
       RestartSec = server.restart_sec;
-      # 3: the CPU lacks x86-64-v3 (server/src/main.rs); a restart cannot fix that.
-      RestartPreventExitStatus = 3;
+      # 1: a bad model, option, key or certificate file; 2: the memory plan does not fit; 3:
+      # the CPU lacks x86-64-v3 (server/src/main.rs). A restart cannot fix these.
+      RestartPreventExitStatus = [
+        1
+        2
+        3
+      ];
       TimeoutStartSec = server.start_timeout_sec;
       # The server pings the watchdog at half this period while it is healthy. Always set, as
       # 0 (off) when the profile says so, so that it replaces the service module's default.
@@ -287,6 +359,32 @@ in
         "/root/.ssh/authorized_keys"
       ]
     ];
+  };
+
+  # llm-secrets.service: the API keys and the TLS certificate from the metadata when the launch
+  # gives them (and the profile allows it), else made at first boot and kept (`appliance
+  # secrets`, which reads the profile installed at /etc/llm-appliance/profile.toml).
+  secrets = {
+    description = "Provision the LLM API's keys and TLS certificate";
+    wants = [ "network-online.target" ];
+    after = [ "network-online.target" ];
+    before = [ "llm-server.service" ];
+    stateDirectory = "llm-secrets";
+    command = [
+      "appliance"
+      "secrets"
+      "--profile"
+      "/etc/llm-appliance/profile.toml"
+    ];
+    serviceConfig = metadataJobConfinement // {
+      ProtectHome = true;
+      StandardOutput = "journal+console";
+    };
+  };
+
+  # The SSH key job's confinement: it writes root's keys and nothing else.
+  sshKeysConfinement = metadataJobConfinement // {
+    ReadWritePaths = "/root";
   };
 
   # The memory the OS uses once its own services are up and before the server starts, printed

@@ -1,13 +1,15 @@
 # The arguments of `llm-server serve` (server/src/cli/serve.rs) for the `services.llm-server`
 # settings, one word each. Builtins only: appliance/tests/nix_profile.rs checks them against the
-# Debian image's ExecStart. (The API key file is added by the module: its path is a systemd
-# specifier, which must not be escaped.)
+# Debian image's ExecStart. (The key and certificate files are added by the module: their paths
+# are systemd specifiers, which must not be escaped.) `limits` is the profile's [server.limits].
 {
   model,
   host,
   port,
   contextSize,
   parallel,
+  limits,
+  ...
 }:
 [
   "serve"
@@ -21,4 +23,24 @@
   (toString contextSize)
   "--parallel"
   (toString parallel)
+  "--rate-limit-key"
+  (toString limits.rate_per_key_per_min)
+  "--rate-limit-ip"
+  (toString limits.rate_per_ip_per_min)
+  "--rate-burst"
+  (toString limits.burst)
+  "--max-connections"
+  (toString limits.max_connections)
+  "--header-timeout"
+  (toString limits.header_timeout_sec)
+  "--body-timeout"
+  (toString limits.body_timeout_sec)
+  "--default-max-tokens"
+  (toString limits.default_max_tokens)
 ]
+++ builtins.concatLists (
+  map (origin: [
+    "--cors-origin"
+    origin
+  ]) limits.cors_origins
+)

@@ -32,6 +32,35 @@ impl Cidr {
     }
 }
 
+/// Networks not routed on the public internet: private (RFC 1918, RFC 4193), shared
+/// carrier-grade NAT (RFC 6598), loopback and link-local.
+const NOT_PUBLIC: [&str; 9] = [
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "fc00::/7",
+    "fe80::/10",
+    "::1/128",
+];
+
+impl Cidr {
+    /// Whether every address of this network lies inside `other`.
+    pub fn within(&self, other: &Cidr) -> bool {
+        self.prefix >= other.prefix && other.contains(self.addr)
+    }
+
+    /// Whether the network reaches beyond private, shared, loopback and link-local addresses,
+    /// i.e. admits clients from the public internet.
+    pub fn is_public(&self) -> bool {
+        !NOT_PUBLIC
+            .iter()
+            .any(|n| self.within(&n.parse().expect("a valid CIDR")))
+    }
+}
+
 fn mask_u32(prefix: u8) -> u32 {
     u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
 }
@@ -116,5 +145,28 @@ mod tests {
         assert!(!net.contains("::1".parse().unwrap()));
         let all: Cidr = "0.0.0.0/0".parse().unwrap();
         assert!(all.contains("8.8.8.8".parse().unwrap()));
+    }
+
+    #[test]
+    fn only_networks_inside_private_ranges_are_not_public() {
+        let public = |s: &str| s.parse::<Cidr>().unwrap().is_public();
+        for s in [
+            "0.0.0.0/0",
+            "::/0",
+            "8.8.8.0/24",
+            "10.0.0.0/7",
+            "2001:db8::/32",
+        ] {
+            assert!(public(s), "{s}");
+        }
+        for s in [
+            "10.1.0.0/16",
+            "192.168.1.7/32",
+            "172.16.0.0/12",
+            "fd00::/8",
+            "127.0.0.1/32",
+        ] {
+            assert!(!public(s), "{s}");
+        }
     }
 }

@@ -3,8 +3,11 @@
 //! The server's memory is not estimated here: [`plan`] reads the server's own plan of the model
 //! file, which the profile's limits are held to ([`Profile::check_plan`]).
 //!
-//! Modules depend downwards only: [`paths`], [`cidr`] and [`plan`] on nothing; [`profile`] on
-//! those; [`render`] and [`doctor`] on the profile.
+//! [`secrets`] provisions the API keys and the TLS certificate on the box; [`tls`] knows the
+//! certificate as a client sees it (its fingerprint, a client pinned to it).
+//!
+//! Modules depend downwards only: [`paths`], [`cidr`], [`plan`] and [`tls`] on nothing;
+//! [`profile`] on those; [`render`], [`secrets`] and [`doctor`] on the profile.
 
 pub mod cidr;
 pub mod doctor;
@@ -12,5 +15,7 @@ pub mod paths;
 pub mod plan;
 pub mod profile;
 pub mod render;
+pub mod secrets;
+pub mod tls;
 
 pub use profile::Profile;

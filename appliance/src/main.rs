@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use appliance::plan::{ServerPlan, MIB};
 use appliance::profile::RUNTIME_ALLOWANCE_BYTES;
-use appliance::{doctor, paths, render, Profile};
+use appliance::{doctor, paths, render, secrets, Profile};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -45,6 +45,22 @@ enum Cmd {
         #[arg(long, default_value = "/")]
         root: PathBuf,
     },
+    /// Provision the API keys and the TLS certificate (llm-secrets.service runs this at boot):
+    /// from the instance metadata when given and allowed, else made once and kept.
+    Secrets {
+        #[arg(long, default_value = paths::PROFILE)]
+        profile: PathBuf,
+        /// Keep the files under this directory instead of / (for tests).
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+    },
+    /// Print the login banner: where the API key is and the certificate's fingerprint.
+    Banner {
+        #[arg(long, default_value = paths::PROFILE)]
+        profile: PathBuf,
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -61,6 +77,7 @@ fn run(cmd: Cmd) -> Result<ExitCode> {
     match cmd {
         Cmd::Check { profile, plan } => {
             let profile = Profile::load(&profile)?;
+            warn(&profile);
             let m = &profile.server.memory;
             let limits = format!(
                 "MemoryMin {} / Low {} / High {} / Max {} MiB",
@@ -95,6 +112,7 @@ fn run(cmd: Cmd) -> Result<ExitCode> {
         }
         Cmd::Render { profile, out } => {
             let profile = Profile::load(&profile)?;
+            warn(&profile);
             let written = render::write(&render::render(&profile), &out)
                 .with_context(|| format!("write the rendered files under {}", out.display()))?;
             for path in written {
@@ -120,6 +138,32 @@ fn run(cmd: Cmd) -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
+        Cmd::Secrets { profile, root } => {
+            let profile = Profile::load(&profile)?;
+            let imds = secrets::Imds::new(profile.oci.metadata_address);
+            let provisioned = secrets::provision(&profile, &secrets::Files::under(&root), &imds)
+                .map_err(anyhow::Error::msg)
+                .context("provision the API keys and the TLS certificate")?;
+            for line in provisioned.log {
+                println!("{line}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Banner { profile, root } => {
+            let profile = Profile::load(&profile)?;
+            print!(
+                "{}",
+                secrets::banner(&profile, &secrets::Files::under(&root))
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The profile's loud warnings (an API without key or TLS, allowed on private networks only).
+fn warn(profile: &Profile) {
+    for w in profile.warnings() {
+        eprintln!("appliance: WARNING: {w}");
     }
 }
 

@@ -17,6 +17,17 @@ pub fn model(file: &str) -> String {
     format!("{MODEL_DIR}/{file}")
 }
 
+/// The box's secrets, root-only (`StateDirectory=` of the secrets unit, mode 0700): the API keys
+/// and the TLS certificate and key the server gets as systemd credentials.
+pub const SECRETS_DIR: &str = "/var/lib/llm-secrets";
+/// The directory's name under /var/lib, as `StateDirectory=` takes it.
+pub const SECRETS_STATE_DIRECTORY: &str = "llm-secrets";
+pub const API_KEYS: &str = "/var/lib/llm-secrets/api-keys";
+pub const TLS_CERT: &str = "/var/lib/llm-secrets/tls-cert.pem";
+pub const TLS_KEY: &str = "/var/lib/llm-secrets/tls-key.pem";
+/// Run by Debian's pam_motd at each login: the banner naming the key and the fingerprint.
+pub const MOTD_SCRIPT: &str = "/etc/update-motd.d/50-llm-appliance";
+
 /// The memory stack's configuration files.
 pub const ZRAM_GENERATOR_CONF: &str = "/etc/systemd/zram-generator.conf";
 pub const SYSCTL_CONF: &str = "/etc/sysctl.d/90-llm-appliance.conf";
@@ -47,6 +58,8 @@ units! {
     HOST_KEYS_UNIT, HOST_KEYS_UNIT_PATH = "ssh-host-keys.service";
     /// Prints the memory the OS uses before the server starts.
     BASELINE_UNIT, BASELINE_UNIT_PATH = "memory-baseline.service";
+    /// Takes the API keys and the TLS certificate from the metadata, or makes them.
+    SECRETS_UNIT, SECRETS_UNIT_PATH = "llm-secrets.service";
 }
 
 /// Debian's names for the packaged units the appliance relies on.
@@ -56,8 +69,9 @@ pub const NFTABLES_UNIT: &str = "nftables.service";
 pub const NETWORKD_UNIT: &str = "systemd-networkd.service";
 
 /// Units the image must enable.
-pub const UNITS_TO_ENABLE: [&str; 7] = [
+pub const UNITS_TO_ENABLE: [&str; 8] = [
     SERVER_UNIT,
+    SECRETS_UNIT,
     SSH_KEYS_UNIT,
     HOST_KEYS_UNIT,
     BASELINE_UNIT,

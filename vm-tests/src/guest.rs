@@ -1,14 +1,14 @@
 //! A booted appliance: the QEMU guest, SSH into it, its API from the host, and the waits that
 //! take it from power-on to ready.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
-use appliance::Profile;
+use anyhow::{bail, Context, Result};
+use appliance::tls::Fingerprint;
+use appliance::{paths, Profile};
 
-use crate::http;
+use crate::http::Api;
 use crate::qemu::{self, Vm};
 use crate::sabotage::Policy;
 use crate::ssh::Ssh;
@@ -24,8 +24,8 @@ const POLL: Duration = Duration::from_secs(5);
 pub struct Guest {
     pub vm: Vm,
     pub ssh: Ssh,
-    /// The API port on the host.
-    pub api: SocketAddr,
+    /// The API on the host: plain until [`Guest::read_secrets`] learns the key and certificate.
+    pub api: Api,
     pub started: Instant,
     old_cpu: bool,
     remove: Vec<Policy>,
@@ -33,6 +33,7 @@ pub struct Guest {
 
 /// What a guest needs from the run: the image, its profile, the test's key and the command that
 /// serves the key to the guest.
+#[derive(Clone)]
 pub struct Boot<'a> {
     pub image: &'a Path,
     pub profile: &'a Profile,
@@ -64,7 +65,7 @@ impl Guest {
             dir: boot.dir,
         })?;
         let ssh = Ssh::new(boot.key, vm.forward(ssh_port));
-        let api = vm.forward(api_port);
+        let api = Api::plain(vm.forward(api_port));
         Ok(Guest {
             vm,
             ssh,
@@ -100,12 +101,47 @@ impl Guest {
         )
     }
 
+    /// Waits for llm-secrets.service, then reads the API key and the certificate over SSH, as
+    /// an administrator would, and points the API at them: HTTPS pinned to that certificate,
+    /// with that key.
+    pub fn read_secrets(&mut self, budget: Duration) -> Result<()> {
+        loop {
+            self.vm.ensure_running()?;
+            let state = self
+                .ssh
+                .check("systemctl is-active llm-secrets.service || true")?;
+            match state.trim() {
+                "active" => break,
+                "failed" => bail!(
+                    "llm-secrets.service failed:\n{}",
+                    self.ssh
+                        .check("journalctl -u llm-secrets -o cat --no-pager | tail -20")?
+                ),
+                _ if self.started.elapsed() > budget => {
+                    bail!("llm-secrets.service is `{}` after {budget:?}", state.trim())
+                }
+                _ => std::thread::sleep(POLL),
+            }
+        }
+        let keys = self.ssh.check(&format!("cat {}", paths::API_KEYS))?;
+        let key = keys
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with('#'))
+            .with_context(|| format!("{} holds no key", paths::API_KEYS))?;
+        let cert = self.ssh.check(&format!("cat {}", paths::TLS_CERT))?;
+        let fingerprint = Fingerprint::of_pem(cert.as_bytes()).map_err(anyhow::Error::msg)?;
+        self.api.key = Some(key.to_owned());
+        self.api.tls = Some(fingerprint);
+        Ok(())
+    }
+
     /// Waits until `/health` answers 200 from the host through QEMU's forward and the firewall.
     pub fn wait_for_health(&mut self, budget: Duration) -> Result<Duration> {
         let mut last = String::new();
         while self.started.elapsed() < budget {
             self.vm.ensure_running()?;
-            match http::get(self.api, "/health", Duration::from_secs(30)) {
+            match self.api.get("/health", Duration::from_secs(30)) {
                 Ok(r) if r.status == 200 => return Ok(self.started.elapsed()),
                 Ok(r) => last = format!("{} {}", r.status, r.body.trim()),
                 Err(e) => last = format!("{e:#}"),

@@ -1,13 +1,59 @@
 //! A minimal HTTP/1.1 client for the API forwarded from the guest: one request per connection,
-//! JSON bodies, `Content-Length` or chunked answers. Enough for the checks and nothing a real
-//! client would need to be trusted with.
+//! JSON bodies, `Content-Length` or chunked answers, over TLS pinned to the box's certificate
+//! and with its API key once the suite has read them over SSH. Enough for the checks and
+//! nothing a real client would need to be trusted with.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use appliance::tls::{pinned_client, Fingerprint};
 use serde_json::Value;
+
+/// The guest's API as the host reaches it.
+#[derive(Clone, Debug)]
+pub struct Api {
+    pub addr: SocketAddr,
+    /// HTTPS trusting only this certificate; plain HTTP when `None`.
+    pub tls: Option<Fingerprint>,
+    /// Sent as `Authorization: Bearer <key>`.
+    pub key: Option<String>,
+}
+
+impl Api {
+    pub fn plain(addr: SocketAddr) -> Api {
+        Api {
+            addr,
+            tls: None,
+            key: None,
+        }
+    }
+
+    /// The same API with another key (or none).
+    pub fn with_key(&self, key: Option<&str>) -> Api {
+        Api {
+            key: key.map(str::to_owned),
+            ..self.clone()
+        }
+    }
+
+    /// The same API over plain HTTP, to see it refused.
+    pub fn without_tls(&self) -> Api {
+        Api {
+            tls: None,
+            ..self.clone()
+        }
+    }
+
+    pub fn get(&self, path: &str, timeout: Duration) -> Result<Response> {
+        request(self, "GET", path, None, timeout)
+    }
+
+    pub fn post(&self, path: &str, body: &Value, timeout: Duration) -> Result<Response> {
+        request(self, "POST", path, Some(body), timeout)
+    }
+}
 
 pub struct Response {
     pub status: u16,
@@ -22,40 +68,61 @@ impl Response {
     }
 }
 
-pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Response> {
-    request(addr, "GET", path, None, timeout)
-}
-
-pub fn post(addr: SocketAddr, path: &str, body: &Value, timeout: Duration) -> Result<Response> {
-    request(addr, "POST", path, Some(body), timeout)
-}
-
 fn request(
-    addr: SocketAddr,
+    api: &Api,
     method: &str,
     path: &str,
     body: Option<&Value>,
     timeout: Duration,
 ) -> Result<Response> {
-    let what = || format!("{method} http://{addr}{path}");
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+    let addr = api.addr;
+    let scheme = if api.tls.is_some() { "https" } else { "http" };
+    let what = || format!("{method} {scheme}://{addr}{path}");
+    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
         .with_context(|| format!("{}: connect", what()))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
+    tcp.set_read_timeout(Some(timeout))?;
+    tcp.set_write_timeout(Some(timeout))?;
     let body = body.map(Value::to_string).unwrap_or_default();
+    let authorization = api
+        .key
+        .as_ref()
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Content-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    stream
-        .write_all(request.as_bytes())
-        .with_context(|| format!("{}: send", what()))?;
     let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .with_context(|| format!("{}: no complete answer within {timeout:?}", what()))?;
+    let exchange = |stream: &mut dyn ReadWrite, raw: &mut Vec<u8>| -> Result<()> {
+        stream
+            .write_all(request.as_bytes())
+            .with_context(|| format!("{}: send", what()))?;
+        stream.flush()?;
+        read_all(stream, raw)
+            .with_context(|| format!("{}: no complete answer within {timeout:?}", what()))
+    };
+    match api.tls {
+        None => exchange(&mut { tcp }, &mut raw)?,
+        Some(fingerprint) => {
+            let name = rustls::pki_types::ServerName::from(addr.ip());
+            let tls = rustls::ClientConnection::new(pinned_client(fingerprint), name)?;
+            exchange(&mut rustls::StreamOwned::new(tls, tcp), &mut raw)?
+        }
+    }
     parse(&raw).with_context(what)
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+/// Reads to the end; a TLS peer that closes without close_notify after a complete answer is
+/// an end too (the answer's own length says whether it is complete).
+fn read_all(stream: &mut dyn ReadWrite, raw: &mut Vec<u8>) -> std::io::Result<()> {
+    match stream.read_to_end(raw) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => Ok(()),
+        other => other.map(|_| ()),
+    }
 }
 
 fn parse(raw: &[u8]) -> Result<Response> {

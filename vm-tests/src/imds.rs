@@ -1,5 +1,6 @@
 //! The OCI instance metadata service (IMDS v2), as much of it as the appliance uses: the SSH keys
-//! given at launch. QEMU's `guestfwd` runs `vm-tests imds-respond` once per guest connection to
+//! given at launch and, in the boot that tests it, the API keys (`llm_api_keys`); every other
+//! key answers 404, as OCI does for metadata the launch did not give. QEMU's `guestfwd` runs `vm-tests imds-respond` once per guest connection to
 //! 169.254.169.254:80, with the connection on its stdin and stdout.
 
 use std::io::{BufRead, Write};
@@ -7,6 +8,8 @@ use std::path::Path;
 
 /// The path OCI serves the launch's SSH public keys at.
 pub const KEYS_PATH: &str = "/opc/v2/instance/metadata/ssh_authorized_keys";
+/// The path of the user-defined metadata the appliance takes its API keys from.
+pub const API_KEYS_PATH: &str = "/opc/v2/instance/metadata/llm_api_keys";
 /// IMDS v2 refuses requests without this header (v1's unauthenticated paths are disabled on
 /// current OCI images, so the appliance must not rely on them).
 const AUTHORIZATION: &str = "Bearer Oracle";
@@ -17,10 +20,11 @@ pub fn respond(
     input: impl BufRead,
     mut output: impl Write,
     keys: &str,
+    api_keys: Option<&str>,
     log: &Path,
 ) -> anyhow::Result<()> {
     let request = read_head(input)?;
-    let (status, body) = answer(&request, keys);
+    let (status, body) = answer(&request, keys, api_keys);
     write!(
         output,
         "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -49,7 +53,7 @@ fn read_head(mut input: impl BufRead) -> anyhow::Result<String> {
 }
 
 /// The status line's code and reason, and the body, for a request head.
-fn answer(head: &str, keys: &str) -> (&'static str, String) {
+fn answer(head: &str, keys: &str, api_keys: Option<&str>) -> (&'static str, String) {
     let mut lines = head.lines();
     let mut request = lines.next().unwrap_or("").split_whitespace();
     let (method, path) = (request.next(), request.next());
@@ -58,9 +62,14 @@ fn answer(head: &str, keys: &str) -> (&'static str, String) {
             name.trim().eq_ignore_ascii_case("authorization") && value.trim() == AUTHORIZATION
         })
     });
-    match (method, path) {
-        (Some("GET"), Some(KEYS_PATH)) if authorized => ("200 OK", keys.to_owned()),
-        (Some("GET"), Some(KEYS_PATH)) => (
+    let served = match path {
+        Some(KEYS_PATH) => Some(keys),
+        Some(API_KEYS_PATH) => api_keys,
+        _ => None,
+    };
+    match (method, served) {
+        (Some("GET"), Some(value)) if authorized => ("200 OK", value.to_owned()),
+        (Some("GET"), Some(_)) => (
             "401 Unauthorized",
             format!("IMDS v2 needs the header `Authorization: {AUTHORIZATION}`\n"),
         ),
@@ -81,7 +90,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("imds.log");
         let mut out = Vec::new();
-        respond(request.as_bytes(), &mut out, KEY, &log).unwrap();
+        respond(
+            request.as_bytes(),
+            &mut out,
+            KEY,
+            Some("api-key-0123456789abcdef\n"),
+            &log,
+        )
+        .unwrap();
         (
             String::from_utf8(out).unwrap(),
             std::fs::read_to_string(log).unwrap(),
@@ -109,6 +125,20 @@ mod tests {
             "GET {KEYS_PATH} HTTP/1.1\r\nAuthorization: Bearer Other\r\n\r\n"
         ));
         assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+    }
+
+    #[test]
+    fn serves_the_api_keys_when_given_and_404_otherwise() {
+        let (out, _) = exchange(&format!(
+            "GET {API_KEYS_PATH} HTTP/1.1\r\nAuthorization: Bearer Oracle\r\n\r\n"
+        ));
+        assert!(out.ends_with("\r\n\r\napi-key-0123456789abcdef\n"), "{out}");
+        let (status, _) = answer(
+            &format!("GET {API_KEYS_PATH} HTTP/1.1\r\nAuthorization: Bearer Oracle\r\n"),
+            KEY,
+            None,
+        );
+        assert_eq!(status, "404 Not Found");
     }
 
     #[test]

@@ -39,6 +39,9 @@ enum Cmd {
         /// The authorized_keys text to serve.
         #[arg(long)]
         keys: PathBuf,
+        /// The llm_api_keys text to serve (none: 404, as for a launch without it).
+        #[arg(long)]
+        api_keys: Option<PathBuf>,
         /// Where to append a line per request.
         #[arg(long)]
         log: PathBuf,
@@ -72,7 +75,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Run(run) => run.run(),
-        Cmd::ImdsRespond { keys, log } => imds_respond(&keys, &log).map(|()| true),
+        Cmd::ImdsRespond {
+            keys,
+            api_keys,
+            log,
+        } => imds_respond(&keys, api_keys.as_deref(), &log).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -84,12 +91,16 @@ fn main() -> ExitCode {
     }
 }
 
-fn imds_respond(keys: &Path, log: &Path) -> Result<()> {
-    let keys = std::fs::read_to_string(keys).with_context(|| format!("read {}", keys.display()))?;
+fn imds_respond(keys: &Path, api_keys: Option<&Path>, log: &Path) -> Result<()> {
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
+    let keys = read(keys)?;
+    let api_keys = api_keys.map(read).transpose()?;
     imds::respond(
         std::io::stdin().lock(),
         std::io::stdout().lock(),
         &keys,
+        api_keys.as_deref(),
         log,
     )
 }
@@ -120,18 +131,37 @@ impl Run {
         let key = ssh::generate_key(&work)?;
         let imds_log = work.join("imds.log");
         let exe = std::env::current_exe().context("find the vm-tests binary")?;
+        // The first boot's launch gives an API key in the metadata; the second's does not, so
+        // the box makes its own.
+        let api_key = format!(
+            "vm-test-key-{}-{}",
+            std::process::id(),
+            started.elapsed().as_nanos()
+        );
+        let api_keys = work.join("llm_api_keys");
+        std::fs::write(&api_keys, format!("{api_key}\n"))?;
+        let imds_command = |api_keys: Option<&Path>| {
+            format!(
+                "{} imds-respond --keys {} --log {}{}",
+                exe.display(),
+                key.with_extension("pub").display(),
+                imds_log.display(),
+                api_keys
+                    .map(|p| format!(" --api-keys {}", p.display()))
+                    .unwrap_or_default()
+            )
+        };
         let boot = Boot {
             image: &self.image,
             profile: &profile,
             key: &key,
-            imds_command: format!(
-                "{} imds-respond --keys {} --log {}",
-                exe.display(),
-                key.with_extension("pub").display(),
-                imds_log.display()
-            ),
+            imds_command: imds_command(Some(&api_keys)),
             dir: &work,
             remove: &self.remove_policy,
+        };
+        let second_boot = Boot {
+            imds_command: imds_command(None),
+            ..boot.clone()
         };
         eprintln!(
             "vm-tests: image {}, work in {}",
@@ -141,8 +171,15 @@ impl Run {
 
         let mut suite = Suite::new(self.keep_going);
         let mut timings = Timings::default();
-        let outcome = checks_on_max_cpu(&mut suite, &boot, &golden, &imds_log, &mut timings)
-            .and_then(|()| check_old_cpu(&mut suite, &boot));
+        let outcome = checks_on_max_cpu(
+            &mut suite,
+            &boot,
+            &golden,
+            &imds_log,
+            &api_key,
+            &mut timings,
+        )
+        .and_then(|()| check_old_cpu(&mut suite, &second_boot, &imds_log, &api_key));
         if outcome.is_err() {
             println!("stopped at the first failure (--keep-going runs the rest)");
         }
@@ -167,6 +204,7 @@ fn checks_on_max_cpu(
     boot: &Boot,
     golden: &Path,
     imds_log: &Path,
+    api_key: &str,
     timings: &mut Timings,
 ) -> Result<(), Stopped> {
     let profile = boot.profile;
@@ -176,11 +214,16 @@ fn checks_on_max_cpu(
         // Boot under TCG takes about a minute; the unit's own start timeout covers the load.
         let budget = Duration::from_secs(600 + u64::from(profile.server.start_timeout_sec));
         let ssh = guest.wait_for_ssh(budget);
-        let ready = ssh.as_ref().ok().map(|_| guest.wait_for_health(budget));
+        let secrets = ssh.as_ref().ok().map(|_| guest.read_secrets(budget));
+        let ready = match &secrets {
+            Some(Ok(_)) => Some(guest.wait_for_health(budget)),
+            _ => None,
+        };
         let console = guest.console();
         started = Some(guest);
         let to_ssh = ssh.with_context(|| console_hint(&console))?;
-        let to_ready = ready.expect("set when SSH answered")?;
+        secrets.expect("read when SSH answered")?;
+        let to_ready = ready.expect("set when the secrets were read")?;
         timings.to_ssh = Some(to_ssh);
         timings.to_ready = Some(to_ready);
         let imds = std::fs::read_to_string(imds_log).unwrap_or_default();
@@ -192,6 +235,8 @@ fn checks_on_max_cpu(
         ))
     })?;
     let names = [
+        "api-keys-and-tls",
+        "confinement",
         "answers",
         "memory-policy",
         "firewall",
@@ -206,8 +251,25 @@ fn checks_on_max_cpu(
     };
     let console = guest.console();
     let console = Some(console.as_path());
+    suite.check("api-keys-and-tls", console, || {
+        let from_metadata = guest.api.key.as_deref() == Some(api_key);
+        let imds = std::fs::read_to_string(imds_log).unwrap_or_default();
+        let asked = imds
+            .lines()
+            .any(|l| l.contains(imds::API_KEYS_PATH) && l.ends_with("200 OK"));
+        anyhow::ensure!(
+            from_metadata && asked,
+            "the box's API key is {:?}, not the metadata's {api_key:?} (IMDS log: {imds})",
+            guest.api.key
+        );
+        let detail = checks::api::auth(&guest.api)?;
+        Ok(format!("key from the metadata's llm_api_keys; {detail}"))
+    })?;
+    suite.check("confinement", console, || {
+        checks::policy::confinement(&guest.ssh)
+    })?;
     suite.check("answers", console, || {
-        let answers = checks::api::run(guest.api, profile, golden)?;
+        let answers = checks::api::run(&guest.api, profile, golden)?;
         timings.first_answer = Some(answers.first_answer);
         Ok(answers.detail)
     })?;
@@ -220,21 +282,54 @@ fn checks_on_max_cpu(
         checks::headroom::run(&guest.ssh, profile)
     })?;
     suite.check("memory-pressure", console, || {
-        checks::pressure::run(&guest.ssh, guest.api)
+        checks::pressure::run(&guest.ssh, &guest.api)
     })?;
     Ok(())
 }
 
-/// Check 6 on a second, short boot with a CPU that lacks AVX2.
-fn check_old_cpu(suite: &mut Suite, boot: &Boot) -> Result<(), Stopped> {
-    let mut console = None;
+/// Check 6 on a second, short boot with a CPU that lacks AVX2, whose launch gives no API key:
+/// the box must make its own.
+fn check_old_cpu(
+    suite: &mut Suite,
+    boot: &Boot,
+    imds_log: &Path,
+    metadata_key: &str,
+) -> Result<(), Stopped> {
+    let mut started = None;
     suite.check("no-avx2-refusal", None, || {
         let mut guest = Guest::start(boot, checks::cpu::OLD_CPU)?;
-        console = Some(guest.console());
-        guest
-            .wait_for_ssh(Duration::from_secs(900))
-            .with_context(|| console_hint(&guest.console()))?;
-        checks::cpu::run(&guest.ssh, boot.profile)
+        let ssh = guest.wait_for_ssh(Duration::from_secs(900));
+        let console = guest.console();
+        started = Some(guest);
+        ssh.with_context(|| console_hint(&console))?;
+        checks::cpu::run(&started.as_ref().expect("just set").ssh, boot.profile)
+    })?;
+    let Some(mut guest) = started else {
+        suite.not_run("generated-api-key", "the second guest did not boot");
+        return Ok(());
+    };
+    let console = guest.console();
+    suite.check("generated-api-key", Some(&console), || {
+        guest.read_secrets(Duration::from_secs(900))?;
+        let key = guest.api.key.clone().unwrap_or_default();
+        let imds = std::fs::read_to_string(imds_log).unwrap_or_default();
+        let not_given = imds
+            .lines()
+            .any(|l| l.contains(imds::API_KEYS_PATH) && l.ends_with("404 Not Found"));
+        anyhow::ensure!(
+            key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()) && key != metadata_key,
+            "the key the box made is {key:?}, not 64 hex digits of its own"
+        );
+        anyhow::ensure!(
+            not_given,
+            "the IMDS log shows no 404 for llm_api_keys: {imds}"
+        );
+        Ok(format!(
+            "no llm_api_keys in the metadata (404); the box made a 256-bit key ({}...) and a \
+             self-signed certificate {}",
+            &key[..8],
+            guest.api.tls.map(|f| f.to_string()).unwrap_or_default()
+        ))
     })?;
     Ok(())
 }

@@ -216,17 +216,29 @@ pub struct Binaries {
     pub appliance: PathBuf,
 }
 
+/// `appliance` is built for baseline x86-64, not the server's x86-64-v3 (.cargo/config.toml):
+/// it provisions the secrets before the server starts and diagnoses the box, so it must run on
+/// the CPU the server refuses. RUSTFLAGS replaces the configured flags; its own target
+/// directory keeps the two builds from invalidating each other.
+const BASELINE_RUSTFLAGS: &str = "-C target-cpu=x86-64";
+
 fn build_binaries(sh: &Shell) -> Result<Binaries> {
-    cmd!(sh, "cargo build --release -p llm-server -p appliance")
+    let failed = "the release build failed: the image needs both binaries (llm-server must \
+                  build with `cargo build --release -p llm-server`)";
+    cmd!(sh, "cargo build --release -p llm-server")
         .run()
-        .context(
-            "the release build failed: the image needs both binaries (llm-server must build \
-             with `cargo build --release -p llm-server`)",
-        )?;
-    let release = target_dir(sh)?.join("release");
+        .context(failed)?;
+    let baseline = target_dir(sh)?.join("baseline");
+    cmd!(
+        sh,
+        "cargo build --release -p appliance --bin appliance --target-dir {baseline}"
+    )
+    .env("RUSTFLAGS", BASELINE_RUSTFLAGS)
+    .run()
+    .context(failed)?;
     Ok(Binaries {
-        server: release.join("llm-server"),
-        appliance: release.join("appliance"),
+        server: target_dir(sh)?.join("release/llm-server"),
+        appliance: baseline.join("release/appliance"),
     })
 }
 

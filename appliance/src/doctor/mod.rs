@@ -5,9 +5,10 @@
 //! the server's `/health`, asked over loopback TCP.
 
 mod memory;
+mod secrets;
 mod server;
 
-pub use server::http_status_line;
+pub use server::{http_status_line, https_status_line};
 
 use std::fmt;
 use std::io::{self, Read};
@@ -186,6 +187,7 @@ pub fn examine(profile: &Profile, host: &Host) -> Report {
         memory::headroom(profile, host),
         cpu_flags(host),
     ];
+    checks.extend(secrets::checks(profile, host));
     checks.extend(server::checks(profile, host));
     Report {
         healthy: checks.iter().all(|c| c.status != Status::Fail),

@@ -28,7 +28,7 @@ pub fn checks(profile: &Profile, host: &Host) -> Vec<Check> {
             checks.push(cpu_throttling(host, &dir));
         }
     }
-    checks.push(health(profile));
+    checks.push(health(profile, host));
     checks
 }
 
@@ -215,25 +215,62 @@ fn cpu_throttling(host: &Host, dir: &str) -> Check {
     }
 }
 
-/// `GET /health` on loopback answers 200.
-fn health(profile: &Profile) -> Check {
+/// `GET /health` on loopback answers 200: over TLS pinned to the box's own certificate when
+/// the profile turns TLS on.
+fn health(profile: &Profile, host: &Host) -> Check {
     const NAME: &str = "health";
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, profile.server.api_port.0));
-    match http_status_line(addr, "/health") {
+    let (url, line) = if profile.server.tls.enabled() {
+        let url = format!("https://{addr}/health");
+        let line = super::secrets::fingerprint(host)
+            .map_err(std::io::Error::other)
+            .and_then(|f| https_status_line(addr, "/health", f));
+        (url, line)
+    } else {
+        (
+            format!("http://{addr}/health"),
+            http_status_line(addr, "/health"),
+        )
+    };
+    match line {
         Ok(line) if line.split_whitespace().nth(1) == Some("200") => {
-            Check::ok(NAME, format!("http://{addr}/health: {line}"))
+            Check::ok(NAME, format!("{url}: {line}"))
         }
-        Ok(line) => Check::fail(NAME, format!("http://{addr}/health: {line}"), JOURNAL_HINT),
-        Err(e) => Check::fail(NAME, format!("http://{addr}/health: {e}"), JOURNAL_HINT),
+        Ok(line) => Check::fail(NAME, format!("{url}: {line}"), JOURNAL_HINT),
+        Err(e) => Check::fail(NAME, format!("{url}: {e}"), JOURNAL_HINT),
     }
 }
 
 /// The status line (`HTTP/1.1 200 OK`) a plain HTTP/1.1 GET of `path` gets from `addr`.
 pub fn http_status_line(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    status_line(connect(addr)?, addr, path)
+}
+
+/// The same over TLS, trusting only the certificate `fingerprint`.
+pub fn https_status_line(
+    addr: SocketAddr,
+    path: &str,
+    fingerprint: crate::tls::Fingerprint,
+) -> std::io::Result<String> {
+    let name = rustls::pki_types::ServerName::from(addr.ip());
+    let tls = rustls::ClientConnection::new(crate::tls::pinned_client(fingerprint), name)
+        .map_err(std::io::Error::other)?;
+    status_line(rustls::StreamOwned::new(tls, connect(addr)?), addr, path)
+}
+
+fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
     let timeout = Duration::from_secs(5);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
+    Ok(stream)
+}
+
+fn status_line(
+    mut stream: impl Read + Write,
+    addr: SocketAddr,
+    path: &str,
+) -> std::io::Result<String> {
     // One write: a server may answer and close after the first segment it reads.
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes())?;

@@ -37,10 +37,12 @@ pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
     // MemAvailable counts the server's page cache as available although MemoryMin keeps it from
     // being reclaimed, so below this share earlyoom would never see memory running short. A
     // tenth of RAM on top covers MemTotal being below the RAM size and the kernel's own
-    // reserves.
-    let floor_mib = memory.min_mib + ram / 10;
-    let floor_percent = (floor_mib * 100).div_ceil(ram);
-    if u64::from(e.mem_kill_percent) * ram < floor_mib * 100 {
+    // reserves. In u128, which no product of two u64 overflows: the values may be absurd here
+    // (their sections report that), and must give an error, not a wrap or a panic.
+    let ram_wide = u128::from(ram.max(1));
+    let floor_mib = u128::from(memory.min_mib) + ram_wide / 10;
+    let floor_percent = (floor_mib * 100).div_ceil(ram_wide);
+    if u128::from(e.mem_kill_percent) * ram_wide < floor_mib * 100 {
         p.push(format!(
             "earlyoom.mem_kill_percent = {} would never fire: MemAvailable counts the server's \
              protected {} MiB (server.memory.min_mib) as available; raise it (and \
@@ -49,9 +51,9 @@ pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
         ));
     }
     // An idle box below earlyoom's term line would have earlyoom killing at rest.
-    let term_line_mib = u64::from(e.mem_term_percent) * ram / 100;
+    let term_line_mib = u128::from(e.mem_term_percent) * ram_wide / 100;
     let headroom = profile.machine.headroom_mib;
-    if headroom <= term_line_mib || headroom >= ram {
+    if u128::from(headroom) <= term_line_mib || headroom >= ram {
         p.push(format!(
             "machine.headroom_mib = {headroom} must lie between earlyoom's term line \
              ({term_line_mib} MiB: earlyoom.mem_term_percent = {} of machine.ram_mib) and \
@@ -67,11 +69,45 @@ pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
             n.ssh_port
         ));
     }
+    keys_and_tls(profile, p);
+
     let metadata = profile.oci.metadata_address;
     if !n.egress_cidrs.iter().any(|c| c.contains(metadata)) {
         p.push(format!(
             "network.egress_cidrs does not include oci.metadata_address {metadata}: the box \
              could not fetch its SSH keys; add `{metadata}/32`"
+        ));
+    }
+}
+
+/// An API without keys or without TLS is refused when the firewall admits the public internet:
+/// anyone who finds the address would get free compute (or read every prompt).
+fn keys_and_tls(profile: &Profile, p: &mut Vec<String>) {
+    let s = &profile.server;
+    let public: Vec<String> = profile
+        .network
+        .api_cidrs
+        .iter()
+        .filter(|c| c.is_public())
+        .map(ToString::to_string)
+        .collect();
+    if public.is_empty() {
+        return;
+    }
+    if !s.api_keys.enabled() {
+        p.push(format!(
+            "server.api_keys = \"none\" leaves the API open to the public internet \
+             (network.api_cidrs has {}): use \"metadata\" or \"generate\", or admit only \
+             private networks in network.api_cidrs",
+            public.join(", ")
+        ));
+    }
+    if !s.tls.enabled() {
+        p.push(format!(
+            "server.tls = \"none\" sends keys and prompts in clear text across the public \
+             internet (network.api_cidrs has {}): use \"self-signed\" or \"metadata\", or \
+             admit only private networks in network.api_cidrs",
+            public.join(", ")
         ));
     }
 }

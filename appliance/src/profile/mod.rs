@@ -67,6 +67,27 @@ impl Profile {
         Ok(profile)
     }
 
+    /// What the profile allows but an administrator must know: an API without keys or TLS
+    /// (allowed only when `network.api_cidrs` admits private networks alone).
+    pub fn warnings(&self) -> Vec<String> {
+        let s = &self.server;
+        let mut w = Vec::new();
+        if !s.api_keys.enabled() {
+            w.push(
+                "server.api_keys = \"none\": the API serves anyone network.api_cidrs admits, \
+                 without a key"
+                    .to_owned(),
+            );
+        }
+        if !s.tls.enabled() {
+            w.push(
+                "server.tls = \"none\": the API is plain HTTP, keys and prompts in clear text"
+                    .to_owned(),
+            );
+        }
+        w
+    }
+
     /// Holds the server's memory limits to `plan`, the server's plan of this profile's model
     /// (`llm-server plan --json` with [`crate::plan::args`]). Loading cannot do this: it needs
     /// the model file, which the box's `appliance doctor` and a profile under review lack.

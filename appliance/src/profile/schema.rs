@@ -85,7 +85,73 @@ pub struct Server {
     pub watchdog_sec: u32,
     pub restart_sec: u32,
     pub oom_score_adjust: i32,
+    /// Where the API keys come from (see [`ApiKeys`]).
+    pub api_keys: ApiKeys,
+    /// Where the TLS certificate comes from (see [`Tls`]).
+    pub tls: Tls,
     pub memory: MemoryLimits,
+    pub limits: Limits,
+}
+
+/// Where the box's API keys come from. The keys live root-only on the box
+/// ([`crate::paths::API_KEYS`]) and reach the server as a systemd credential.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApiKeys {
+    /// The instance metadata's `llm_api_keys` (one key per line) at every boot when the launch
+    /// gives it, else a key generated at first boot and kept.
+    Metadata,
+    /// A key generated at first boot and kept; the metadata is not asked.
+    Generate,
+    /// No key: anyone the firewall admits may use the API. Only for non-public `api_cidrs`.
+    None,
+}
+
+/// Where the API's TLS certificate comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Tls {
+    /// The metadata's `llm_tls_cert` and `llm_tls_key` (PEM) at every boot when the launch gives
+    /// both, else a self-signed certificate made at first boot and kept.
+    Metadata,
+    /// A self-signed certificate made at first boot and kept; the metadata is not asked.
+    SelfSigned,
+    /// Plain HTTP. Only for non-public `api_cidrs`.
+    None,
+}
+
+impl ApiKeys {
+    pub fn enabled(self) -> bool {
+        self != ApiKeys::None
+    }
+}
+
+impl Tls {
+    pub fn enabled(self) -> bool {
+        self != Tls::None
+    }
+}
+
+/// What a public endpoint needs bounded, passed to `llm-server serve` as its flags.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Requests per minute per API key (`--rate-limit-key`; 0 = no limit).
+    pub rate_per_key_per_min: u32,
+    /// Requests per minute per client address (`--rate-limit-ip`; 0 = no limit).
+    pub rate_per_ip_per_min: u32,
+    /// Requests a client may make at once before the rate applies (`--rate-burst`).
+    pub burst: u32,
+    /// Open connections at most (`--max-connections`).
+    pub max_connections: u32,
+    /// Seconds a client has to send its request's headers (`--header-timeout`).
+    pub header_timeout_sec: u32,
+    /// Seconds a client has to send its request's body (`--body-timeout`).
+    pub body_timeout_sec: u32,
+    /// Tokens generated when a request gives no `max_tokens` (`--default-max-tokens`).
+    pub default_max_tokens: u32,
+    /// Origins a browser may call the API from (`--cors-origin`; empty = CORS off).
+    pub cors_origins: Vec<String>,
 }
 
 /// The server unit's cgroup limits, in MiB.
@@ -177,6 +243,11 @@ impl fmt::Display for SysctlValue {
 const ZRAM_ALGORITHMS: [&str; 6] = ["lzo", "lzo-rle", "lz4", "lz4hc", "zstd", "842"];
 /// `/proc/PID/comm`, which earlyoom matches, holds at most this many bytes of a process name.
 const COMM_MAX: usize = 15;
+/// The largest machine a profile may describe (1 PiB), so that every product of MiB values the
+/// loader, the renderer and the doctor compute fits in a u64.
+pub const RAM_MIB_MAX: u64 = 1 << 30;
+/// Timeouts longer than a day are a typo, not a policy.
+const TIMEOUT_SEC_MAX: u32 = 86_400;
 
 impl Profile {
     /// The model's path on the box.
@@ -215,6 +286,13 @@ impl Machine {
         if self.ram_mib < 256 {
             p.push(format!(
                 "machine.ram_mib = {} is below the 256 MiB the OS alone needs",
+                self.ram_mib
+            ));
+        }
+        if self.ram_mib > RAM_MIB_MAX {
+            p.push(format!(
+                "machine.ram_mib = {} is more than {RAM_MIB_MAX} MiB (1 PiB): give the \
+                 machine's RAM in MiB",
                 self.ram_mib
             ));
         }
@@ -309,7 +387,64 @@ impl Server {
                 m.min_mib, m.low_mib, m.high_mib, m.max_mib
             ));
         }
+        self.limits.problems(self.ctx_size, p);
     }
+}
+
+impl Limits {
+    fn problems(&self, ctx_size: u32, p: &mut Vec<String>) {
+        let rated = self.rate_per_key_per_min != 0 || self.rate_per_ip_per_min != 0;
+        if rated && self.burst == 0 {
+            p.push(
+                "server.limits.burst = 0 would refuse every request while a rate is set: give \
+                 at least 1"
+                    .into(),
+            );
+        }
+        if self.max_connections == 0 {
+            p.push(
+                "server.limits.max_connections = 0 would refuse every client: give at least 1"
+                    .into(),
+            );
+        }
+        for (key, secs) in [
+            ("header_timeout_sec", self.header_timeout_sec),
+            ("body_timeout_sec", self.body_timeout_sec),
+        ] {
+            if !(1..=TIMEOUT_SEC_MAX).contains(&secs) {
+                p.push(format!(
+                    "server.limits.{key} = {secs} must be 1 to {TIMEOUT_SEC_MAX} seconds: \
+                     without a timeout a slow client holds its connection forever"
+                ));
+            }
+        }
+        if self.default_max_tokens == 0 || self.default_max_tokens > ctx_size {
+            p.push(format!(
+                "server.limits.default_max_tokens = {} must be 1 to server.ctx_size ({ctx_size})",
+                self.default_max_tokens
+            ));
+        }
+        for origin in &self.cors_origins {
+            if !is_origin(origin) {
+                p.push(format!(
+                    "server.limits.cors_origins entry `{origin}` is not an origin: write \
+                     `https://host` or `https://host:port`, without a path"
+                ));
+            }
+        }
+    }
+}
+
+/// `scheme://host[:port]` as a browser sends it in `Origin`, nothing after the authority.
+fn is_origin(s: &str) -> bool {
+    let Some((scheme, authority)) = s.split_once("://") else {
+        return false;
+    };
+    matches!(scheme, "http" | "https")
+        && !authority.is_empty()
+        && authority
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
 }
 
 impl Zram {

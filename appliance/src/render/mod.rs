@@ -19,7 +19,10 @@ use crate::profile::Profile;
 
 pub use exec::command_line;
 pub use memory::earlyoom_args;
-pub use units::{memory_baseline_command, server_args, ssh_keys_commands};
+pub use units::{
+    credential_args, credentials, memory_baseline_command, metadata_job_confinement,
+    secrets_command, server_args, ssh_keys_commands,
+};
 
 /// One rendered file: where it goes on the box, its mode, and its text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +56,12 @@ pub fn render(profile: &Profile) -> Vec<File> {
         },
         File::config(paths::SERVER_UNIT_PATH, units::server(profile)),
         File::config(paths::SSH_KEYS_UNIT_PATH, units::ssh_keys(profile)),
+        File::config(paths::SECRETS_UNIT_PATH, units::secrets(profile)),
+        File {
+            path: paths::MOTD_SCRIPT,
+            mode: 0o755,
+            contents: units::motd_script(profile),
+        },
         File::config(paths::HOST_KEYS_UNIT_PATH, units::host_keys(profile)),
         File::config(paths::BASELINE_UNIT_PATH, units::memory_baseline(profile)),
         File::config(paths::SSHD_CONF, system::sshd(profile)),

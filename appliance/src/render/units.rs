@@ -1,23 +1,50 @@
-//! systemd units: the server, the two first-boot jobs that make SSH work, and the memory
-//! baseline. Their commands are argument lists (as in modules/profile.nix), written out by
-//! [`command_line`].
+//! systemd units: the server, the first-boot jobs that make SSH and the API's secrets work,
+//! and the memory baseline. Their commands are argument lists (as in modules/profile.nix),
+//! written out by [`command_line`].
 
-use crate::paths::{self, SERVER_BINARY};
+use crate::paths::{self, APPLIANCE_BINARY, SERVER_BINARY};
 use crate::profile::Profile;
 
 use super::exec::command_line;
 use super::header;
 
-/// `llm-server` exits with this status when the CPU lacks x86-64-v3 (server/src/main.rs):
-/// restarting cannot help, so systemd must not loop on it.
-const CPU_REFUSED_STATUS: u8 = 3;
+/// `llm-server`'s exit statuses that a restart cannot fix (server/src/main.rs): 1 a bad model,
+/// option, key or certificate file, 2 a memory plan that does not fit, 3 a CPU without
+/// x86-64-v3. systemd must not loop on them; the reason is the server's last journal line.
+const REFUSAL_STATUSES: &str = "1 2 3";
+
+/// The systemd credentials the server gets (`LoadCredential=NAME:FILE`) and the flag naming
+/// each, for the secrets the profile turns on.
+pub fn credentials(profile: &Profile) -> Vec<(&'static str, &'static str, &'static str)> {
+    let s = &profile.server;
+    let mut c = Vec::new();
+    if s.api_keys.enabled() {
+        c.push(("api-keys", paths::API_KEYS, "--api-key-file"));
+    }
+    if s.tls.enabled() {
+        c.push(("tls-cert", paths::TLS_CERT, "--tls-cert"));
+        c.push(("tls-key", paths::TLS_KEY, "--tls-key"));
+    }
+    c
+}
+
+/// The flags that name the credentials, with systemd's `%d` (the credentials directory), which
+/// must reach systemd unescaped: appended to the escaped command as they are.
+pub fn credential_args(profile: &Profile) -> Vec<String> {
+    credentials(profile)
+        .into_iter()
+        .flat_map(|(name, _, flag)| [flag.to_owned(), format!("%d/{name}")])
+        .collect()
+}
 
 /// The arguments of `llm-server serve` (server/src/cli/serve.rs), one word each, as
-/// modules/serve-args.nix gives them to the NixOS module. The appliance serves on every
-/// address; the nftables allowlist decides who may connect.
+/// modules/serve-args.nix gives them to the NixOS module; the credentials' flags follow them
+/// ([`credential_args`]). The appliance serves on every address; the nftables allowlist decides
+/// who may connect.
 pub fn server_args(profile: &Profile) -> Vec<String> {
     let s = &profile.server;
-    vec![
+    let l = &s.limits;
+    let mut args = vec![
         "serve".to_owned(),
         "--model".to_owned(),
         profile.model_path(),
@@ -29,7 +56,22 @@ pub fn server_args(profile: &Profile) -> Vec<String> {
         s.ctx_size.to_string(),
         "--parallel".to_owned(),
         s.parallel.to_string(),
-    ]
+    ];
+    for (flag, value) in [
+        ("--rate-limit-key", l.rate_per_key_per_min),
+        ("--rate-limit-ip", l.rate_per_ip_per_min),
+        ("--rate-burst", l.burst),
+        ("--max-connections", l.max_connections),
+        ("--header-timeout", l.header_timeout_sec),
+        ("--body-timeout", l.body_timeout_sec),
+        ("--default-max-tokens", l.default_max_tokens),
+    ] {
+        args.extend([flag.to_owned(), value.to_string()]);
+    }
+    for origin in &l.cors_origins {
+        args.extend(["--cors-origin".to_owned(), origin.clone()]);
+    }
+    args
 }
 
 /// A command given by program name, with Debian's path for the program.
@@ -53,11 +95,27 @@ pub fn server(profile: &Profile) -> String {
     };
     let mut command = vec![SERVER_BINARY.to_owned()];
     command.extend(server_args(profile));
+    let mut command = command_line(&command);
+    for arg in credential_args(profile) {
+        command.push(' ');
+        command.push_str(&arg);
+    }
+    let credentials: String = credentials(profile)
+        .into_iter()
+        .map(|(name, file, _)| format!("LoadCredential={name}:{file}\n"))
+        .collect();
+    let warnings: String = profile
+        .warnings()
+        .iter()
+        .map(|w| format!("# WARNING: {w}\n"))
+        .collect();
     format!(
-        "{header}
+        "{header}{warnings}
 [Unit]
 Description=LLM inference server (OpenAI-compatible API)
-After=network.target
+After=network.target {secrets}
+# The API keys and the certificate must exist before the server reads them.
+Requires={secrets}
 # Restart=always means forever: never give up after a burst of failures.
 StartLimitIntervalSec=0
 
@@ -65,10 +123,12 @@ StartLimitIntervalSec=0
 Type=notify
 NotifyAccess=main
 ExecStart={command}
-Restart=always
+# Root-only files under {secrets_dir}, copied by systemd for the unit's dynamic user.
+{credentials}Restart=always
 RestartSec={restart}
-# {CPU_REFUSED_STATUS}: the CPU lacks AVX2/FMA/F16C/BMI2 (x86-64-v3); a restart cannot fix that.
-RestartPreventExitStatus={CPU_REFUSED_STATUS}
+# 1: a bad model, option, key or certificate file; 2: the memory plan does not fit; 3: the CPU
+# lacks x86-64-v3. A restart cannot fix these; the server's last journal line says which.
+RestartPreventExitStatus={REFUSAL_STATUSES}
 TimeoutStartSec={start_timeout}
 {watchdog}OOMScoreAdjust={oom}
 
@@ -108,7 +168,8 @@ UMask=0077
 WantedBy=multi-user.target
 ",
         header = header(profile, "#"),
-        command = command_line(&command),
+        secrets = paths::SECRETS_UNIT,
+        secrets_dir = paths::SECRETS_DIR,
         restart = s.restart_sec,
         start_timeout = s.start_timeout_sec,
         oom = s.oom_score_adjust,
@@ -183,7 +244,9 @@ Type=oneshot
 RemainAfterExit=yes
 RuntimeDirectory=oci-ssh-keys
 RuntimeDirectoryMode=0700
-{commands}
+{commands}# It writes root's keys and nothing else.
+ReadWritePaths=/root
+{confinement}
 [Install]
 WantedBy=multi-user.target
 ",
@@ -192,6 +255,107 @@ WantedBy=multi-user.target
             .iter()
             .map(|c| format!("ExecStart={}\n", debian_command(c)))
             .collect::<String>(),
+        confinement = settings(&metadata_job_confinement(profile)),
+    )
+}
+
+/// `KEY=VALUE` lines.
+fn settings(pairs: &[(&str, String)]) -> String {
+    pairs.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+}
+
+/// The confinement of the first-boot jobs that talk to the metadata service
+/// (`oci-ssh-keys.service`, `llm-secrets.service`): root, since they write root's files, but
+/// with no capabilities, nothing writable beyond their own directories, and no address but the
+/// metadata service's. modules/profile.nix gives the NixOS units the same (a test holds them
+/// equal).
+pub fn metadata_job_confinement(profile: &Profile) -> Vec<(&'static str, String)> {
+    let fixed = [
+        ("ProtectSystem", "strict"),
+        ("PrivateTmp", "yes"),
+        ("PrivateDevices", "yes"),
+        ("PrivateMounts", "yes"),
+        ("NoNewPrivileges", "yes"),
+        ("CapabilityBoundingSet", ""),
+        ("ProtectKernelTunables", "yes"),
+        ("ProtectKernelModules", "yes"),
+        ("ProtectKernelLogs", "yes"),
+        ("ProtectControlGroups", "yes"),
+        ("ProtectClock", "yes"),
+        ("ProtectHostname", "yes"),
+        ("ProtectProc", "invisible"),
+        ("ProcSubset", "pid"),
+        ("RestrictAddressFamilies", "AF_INET AF_INET6"),
+        ("RestrictNamespaces", "yes"),
+        ("RestrictRealtime", "yes"),
+        ("RestrictSUIDSGID", "yes"),
+        ("LockPersonality", "yes"),
+        ("MemoryDenyWriteExecute", "yes"),
+        ("SystemCallArchitectures", "native"),
+        ("SystemCallFilter", "@system-service"),
+        ("SystemCallErrorNumber", "EPERM"),
+        ("UMask", "0077"),
+        ("IPAddressDeny", "any"),
+    ];
+    let mut c: Vec<(&str, String)> = fixed.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    c.push((
+        "IPAddressAllow",
+        format!("{}/32", profile.oci.metadata_address),
+    ));
+    c
+}
+
+/// `appliance secrets`' command.
+pub fn secrets_command() -> Vec<String> {
+    vec![
+        APPLIANCE_BINARY.to_owned(),
+        "secrets".to_owned(),
+        "--profile".to_owned(),
+        paths::PROFILE.to_owned(),
+    ]
+}
+
+/// Provisions the API keys and the TLS certificate before the server starts, at every boot:
+/// keys and certificate from the metadata when the launch gives them and the profile allows it,
+/// otherwise made on the first boot and kept (`appliance secrets`). A bad value in the metadata
+/// fails the unit, and so the server, with the reason in `journalctl -u llm-secrets`.
+pub fn secrets(profile: &Profile) -> String {
+    format!(
+        "{header}
+[Unit]
+Description=Provision the LLM API's keys and TLS certificate
+Wants=network-online.target
+After=network-online.target
+Before={server}
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+StateDirectory={state}
+StateDirectoryMode=0700
+ExecStart={command}
+# Also on the serial console (OCI's console history): where the key came from and the
+# certificate's fingerprint, never the key itself.
+StandardOutput=journal+console
+ProtectHome=yes
+{confinement}
+[Install]
+WantedBy=multi-user.target
+",
+        header = header(profile, "#"),
+        server = paths::SERVER_UNIT,
+        state = paths::SECRETS_STATE_DIRECTORY,
+        command = command_line(&secrets_command()),
+        confinement = settings(&metadata_job_confinement(profile)),
+    )
+}
+
+/// The login banner, run by pam_motd (Debian's update-motd.d) at each login.
+pub fn motd_script(profile: &Profile) -> String {
+    format!(
+        "#!/bin/sh\n{header}exec {appliance} banner\n",
+        header = header(profile, "#"),
+        appliance = APPLIANCE_BINARY,
     )
 }
 

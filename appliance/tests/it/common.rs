@@ -2,8 +2,9 @@
 
 /// Splits a systemd command line (`ExecStart=`'s value) into its words as systemd does: double
 /// and single quotes, the C-style escapes the renderer writes (`\\`, `\"`, `\n`, `\t`,
-/// `\uXXXX`), and `%%` and `$$` for a literal `%` and `$`. A lone `%` or `$`, which systemd
-/// would expand, panics: the renderer must never leave one.
+/// `\uXXXX`), and `%%` and `$$` for a literal `%` and `$`. `%d` (the credentials directory) is
+/// kept as `%d`, the one specifier the renderer writes on purpose; any other lone `%` or `$`,
+/// which systemd would expand, panics: the renderer must never leave one.
 pub fn exec_words(line: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut word = String::new();
@@ -36,6 +37,11 @@ pub fn exec_words(line: &str) -> Vec<String> {
                     Some(other) => word.push(other),
                     None => panic!("a line ending in a backslash: {line}"),
                 }
+            }
+            ('%', _) if chars.clone().next() == Some('d') => {
+                chars.next();
+                word.push_str("%d");
+                in_word = true;
             }
             ('%' | '$', _) => {
                 assert_eq!(

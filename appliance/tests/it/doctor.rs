@@ -2,17 +2,28 @@
 //! green, and each way of breaking it fails the check that names it.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 use appliance::doctor::{self, Host, Status};
 use appliance::profile::{Port, Profile};
 use appliance::render;
+use appliance::secrets::{self, Files, Metadata};
+
+/// A launch that gave no metadata: the box makes its own key and certificate.
+struct NoMetadata;
+
+impl Metadata for NoMetadata {
+    fn get(&self, _key: &str) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+}
 
 const CGROUP: &str = "sys/fs/cgroup/system.slice/llm-server.service";
 
-/// A fake root file system holding what a healthy e2-micro box shows, and a loopback server
-/// answering `/health` with `status`.
+/// A fake root file system holding what a healthy e2-micro box shows (its secrets made as on a
+/// first boot), and a loopback server answering `/health` over TLS with its certificate.
 struct FakeBox {
     root: tempfile::TempDir,
     profile: Profile,
@@ -21,11 +32,10 @@ struct FakeBox {
 impl FakeBox {
     fn healthy() -> FakeBox {
         let mut profile = Profile::load(&test_support::default_profile()).unwrap();
-        profile.server.api_port = Port(serve_health("200 OK"));
-        let fake = FakeBox {
-            root: tempfile::tempdir().unwrap(),
-            profile,
-        };
+        let root = tempfile::tempdir().unwrap();
+        secrets::provision(&profile, &Files::under(root.path()), &NoMetadata).unwrap();
+        profile.server.api_port = Port(serve_health("200 OK", root.path()));
+        let fake = FakeBox { root, profile };
         // 1 GB guest: MemTotal a little under 1 GiB, so zram is capped at 384 MiB.
         fake.write(
             "proc/meminfo",
@@ -127,13 +137,34 @@ impl FakeBox {
     }
 }
 
-/// A one-shot-per-connection HTTP server on loopback; returns its port.
-fn serve_health(status: &'static str) -> u16 {
+/// A one-shot-per-connection HTTPS server on loopback with the certificate under `root`;
+/// returns its port.
+fn serve_health(status: &'static str, root: &Path) -> u16 {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use std::io::{Read, Write};
+    let files = Files::under(root);
+    let certs = CertificateDer::pem_file_iter(&files.tls_cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&files.tls_key).unwrap();
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap(),
+    );
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
-        for mut stream in listener.incoming().flatten() {
+        for tcp in listener.incoming().flatten() {
+            let tls = rustls::ServerConnection::new(config.clone()).unwrap();
+            let mut stream = rustls::StreamOwned::new(tls, tcp);
             // Read the whole request head before answering, as a real server does.
             let mut request = Vec::new();
             let mut chunk = [0u8; 1024];
@@ -144,6 +175,8 @@ fn serve_health(status: &'static str) -> u16 {
                 }
             }
             let _ = write!(stream, "HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
+            stream.conn.send_close_notify();
+            let _ = stream.flush();
         }
     });
     port
@@ -166,6 +199,8 @@ fn a_box_set_up_as_the_profile_says_is_healthy() {
             "kernel-oom",
             "headroom",
             "cpu",
+            "api-keys",
+            "tls",
             "server",
             "unit-limits",
             "memory-events",
@@ -304,7 +339,12 @@ fn cpu_throttling_warns() {
 #[test]
 fn health_fails_when_the_server_errs_or_is_not_listening() {
     let mut fake = FakeBox::healthy();
-    fake.profile.server.api_port = Port(serve_health("503 Service Unavailable"));
+    fake.profile.server.api_port = Port(serve_health("503 Service Unavailable", &fake.path()));
+    assert_eq!(fake.status("health"), Status::Fail);
+    // A server with another certificate is not this box's: the pinned client refuses it.
+    let other = tempfile::tempdir().unwrap();
+    secrets::provision(&fake.profile, &Files::under(other.path()), &NoMetadata).unwrap();
+    fake.profile.server.api_port = Port(serve_health("200 OK", other.path()));
     assert_eq!(fake.status("health"), Status::Fail);
     // A port nothing listens on: bind one, then free it.
     let unused = TcpListener::bind("127.0.0.1:0")
@@ -314,6 +354,35 @@ fn health_fails_when_the_server_errs_or_is_not_listening() {
         .port();
     fake.profile.server.api_port = Port(unused);
     assert_eq!(fake.status("health"), Status::Fail);
+}
+
+#[test]
+fn the_doctor_prints_the_key_and_the_fingerprint_and_fails_without_them() {
+    let fake = FakeBox::healthy();
+    let files = Files::under(&fake.path());
+    let key = std::fs::read_to_string(&files.api_keys).unwrap();
+    let report = doctor::examine(&fake.profile, &Host::new(fake.path()));
+    assert!(report
+        .check("api-keys")
+        .unwrap()
+        .detail
+        .contains(key.trim()));
+    let pem = std::fs::read(&files.tls_cert).unwrap();
+    let fingerprint = appliance::tls::Fingerprint::of_pem(&pem)
+        .unwrap()
+        .to_string();
+    assert!(report.check("tls").unwrap().detail.contains(&fingerprint));
+    // The banner shows the fingerprint and where the key is, never the key (it is world-readable).
+    let banner = secrets::banner(&fake.profile, &files);
+    assert!(banner.contains(&fingerprint), "{banner}");
+    assert!(banner.contains("/var/lib/llm-secrets/api-keys"), "{banner}");
+    assert!(!banner.contains(key.trim()), "{banner}");
+
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&files.api_keys, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(fake.status("api-keys"), Status::Fail);
+    std::fs::remove_file(&files.tls_cert).unwrap();
+    assert_eq!(fake.status("tls"), Status::Fail);
 }
 
 #[test]

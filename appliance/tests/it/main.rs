@@ -1,5 +1,5 @@
 //! The appliance's integration tests: the profile, its rendered files (Debian and NixOS sides),
-//! the doctor and the server's memory plan.
+//! the doctor, the first-boot secrets and the server's memory plan.
 //! `autotests = false`: every integration test of this crate is a module of this one binary,
 //! so the crate's dependencies are linked once.
 
@@ -8,4 +8,5 @@ mod doctor;
 mod nix_profile;
 mod profile;
 mod render;
+mod secrets;
 mod server_plan;

@@ -58,9 +58,16 @@ fn cases() -> Vec<Case> {
         ),
         (
             r#"api_cidrs = ["0.0.0.0/0", "::/0"]"#,
-            r#"api_cidrs = ["2001:db8::/32"]"#,
+            r#"api_cidrs = ["fd00:db8::/32"]"#,
         ),
         ("watchdog_sec = 120", "watchdog_sec = 0"),
+        // Private networks only, so no key and no TLS are allowed: no credentials.
+        (r#"api_keys = "metadata""#, r#"api_keys = "none""#),
+        (r#"tls = "metadata""#, r#"tls = "none""#),
+        (
+            "cors_origins = []",
+            r#"cors_origins = ["https://a.example", "http://b.example:8000"]"#,
+        ),
         ("prefer = [", "prefer = [] # ["),
         ("api_port = 8080", "api_port = 11434"),
         ("\"vm.swappiness\" = 10", "\"vm.swappiness\" = 5"),
@@ -321,15 +328,31 @@ fn server_unit_matches() {
         assert_eq!(exec.len(), 1);
         let words = exec_words(&exec[0]);
         assert_eq!(words[0], paths::SERVER_BINARY);
-        assert_eq!(words[1..], strings(&c.nix["serveArgs"]), "{}", c.name);
+        let mut nix_words = strings(&c.nix["serveArgs"]);
+        nix_words.extend(strings(&c.nix["credentialArgs"]));
+        assert_eq!(words[1..], nix_words, "{}", c.name);
         assert_eq!(
             render::server_args(&c.profile),
             strings(&c.nix["serveArgs"]),
             "{}",
             c.name
         );
+        assert_eq!(
+            render::credential_args(&c.profile),
+            strings(&c.nix["credentialArgs"]),
+            "{}",
+            c.name
+        );
+        assert_eq!(
+            service.get("LoadCredential").cloned().unwrap_or_default(),
+            strings(&c.nix["loadCredentials"]),
+            "{}",
+            c.name
+        );
 
-        let mut rest = single_values(service);
+        let mut service = service.clone();
+        service.remove("LoadCredential");
+        let mut rest = single_values(&service);
         rest.remove("ExecStart");
         // The renderer leaves out a watchdog of 0; Nix writes WatchdogSec=0, the same to systemd.
         rest.entry("WatchdogSec".into())
@@ -342,6 +365,7 @@ fn server_unit_matches() {
         let nix_unit: BTreeMap<String, String> = [
             ("Description", &nix["description"]),
             ("After", &nix["after"]),
+            ("Requires", &nix["requires"]),
             ("StartLimitIntervalSec", &nix["startLimitIntervalSec"]),
         ]
         .into_iter()
@@ -401,6 +425,62 @@ fn ssh_key_unit_matches() {
             debian["Service"]["RuntimeDirectory"],
             [as_setting(&nix["runtimeDirectory"])]
         );
+        let mut service = debian["Service"].clone();
+        for key in [
+            "ExecStart",
+            "Type",
+            "RemainAfterExit",
+            "RuntimeDirectory",
+            "RuntimeDirectoryMode",
+        ] {
+            service.remove(key);
+        }
+        let confinement = single_values(&service);
+        assert_eq!(
+            confinement,
+            settings(&c.nix["sshKeysConfinement"]),
+            "{}",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn secrets_unit_matches() {
+    for c in cases() {
+        let debian = sections(&rendered(
+            &c.profile,
+            "/etc/systemd/system/llm-secrets.service",
+        ));
+        let nix = &c.nix["secrets"];
+        let unit = single_values(&debian["Unit"]);
+        let nix_unit: BTreeMap<String, String> = [
+            ("Description", &nix["description"]),
+            ("Wants", &nix["wants"]),
+            ("After", &nix["after"]),
+            ("Before", &nix["before"]),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), as_setting(v)))
+        .collect();
+        assert_eq!(unit, nix_unit, "{}", c.name);
+        let mut service = single_values(&debian["Service"]);
+        assert_eq!(
+            by_program_name(exec_words(&service.remove("ExecStart").unwrap())),
+            strings(&nix["command"])
+        );
+        assert_eq!(
+            service.remove("StateDirectory").unwrap(),
+            as_setting(&nix["stateDirectory"])
+        );
+        for (key, value) in [
+            ("Type", "oneshot"),
+            ("RemainAfterExit", "yes"),
+            ("StateDirectoryMode", "0700"),
+        ] {
+            assert_eq!(service.remove(key).as_deref(), Some(value), "{key}");
+        }
+        assert_eq!(service, settings(&nix["serviceConfig"]), "{}", c.name);
     }
 }
 

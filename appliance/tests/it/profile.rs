@@ -210,3 +210,139 @@ fn every_problem_is_reported_at_once() {
         "{e}"
     );
 }
+
+#[test]
+fn no_keys_or_no_tls_on_a_public_api_is_refused_naming_the_fix() {
+    let e = error_of(&edited(r#"api_keys = "metadata""#, r#"api_keys = "none""#));
+    assert!(
+        e.contains("server.api_keys = \"none\" leaves the API open to the public internet"),
+        "{e}"
+    );
+    assert!(e.contains("0.0.0.0/0, ::/0"), "{e}");
+    assert!(e.contains("use \"metadata\" or \"generate\""), "{e}");
+    let e = error_of(&edited(r#"tls = "metadata""#, r#"tls = "none""#));
+    assert!(e.contains("server.tls = \"none\""), "{e}");
+    // One public network among private ones is enough to refuse.
+    let text = edited(
+        r#"api_cidrs = ["0.0.0.0/0", "::/0"]"#,
+        r#"api_cidrs = ["10.0.0.0/8", "203.0.113.0/24"]"#,
+    )
+    .replacen(r#"api_keys = "metadata""#, r#"api_keys = "none""#, 1);
+    assert!(error_of(&text).contains("203.0.113.0/24"));
+    // Private networks only: allowed, with the warning.
+    let text = edited(
+        r#"api_cidrs = ["0.0.0.0/0", "::/0"]"#,
+        r#"api_cidrs = ["10.0.0.0/8", "fd00::/8"]"#,
+    )
+    .replacen(r#"api_keys = "metadata""#, r#"api_keys = "none""#, 1);
+    let p = Profile::parse(&text, Path::new("private.toml")).unwrap();
+    assert!(
+        p.warnings()[0].contains("without a key"),
+        "{:?}",
+        p.warnings()
+    );
+    let e = error_of(&edited(r#"api_keys = "metadata""#, r#"api_keys = "maybe""#));
+    assert!(e.contains("unknown variant `maybe`"), "{e}");
+}
+
+#[test]
+fn absurd_limits_are_refused() {
+    for (from, to, want) in [
+        ("burst = 10", "burst = 0", "server.limits.burst = 0"),
+        (
+            "max_connections = 64",
+            "max_connections = 0",
+            "max_connections = 0",
+        ),
+        (
+            "header_timeout_sec = 10",
+            "header_timeout_sec = 0",
+            "header_timeout_sec = 0 must be 1 to 86400",
+        ),
+        (
+            "body_timeout_sec = 30",
+            "body_timeout_sec = 9999999",
+            "body_timeout_sec = 9999999",
+        ),
+        (
+            "default_max_tokens = 256",
+            "default_max_tokens = 4096",
+            "must be 1 to server.ctx_size (2048)",
+        ),
+        (
+            "cors_origins = []",
+            r#"cors_origins = ["https://a.example/path"]"#,
+            "is not an origin",
+        ),
+        (
+            "cors_origins = []",
+            r#"cors_origins = ["*"]"#,
+            "`*` is not an origin",
+        ),
+        ("burst = 10", "burst = -1", "invalid value"),
+    ] {
+        let e = error_of(&edited(from, to));
+        assert!(e.contains(want), "{to}: {e}");
+    }
+}
+
+/// Values that would divide by zero or overflow a product are refused with an error, never a
+/// panic or a silent wrap (the tests build in debug, where an overflow panics).
+#[test]
+fn absurd_sizes_are_errors_not_panics() {
+    for (from, to, want) in [
+        (
+            "ram_mib = 1024",
+            "ram_mib = 0",
+            "machine.ram_mib = 0 is below",
+        ),
+        (
+            "ram_mib = 1024",
+            "ram_mib = 18446744073709551615",
+            "more than 1073741824 MiB",
+        ),
+        (
+            "min_mib = 256",
+            "min_mib = 18446744073709551615",
+            "min_mib <= low_mib",
+        ),
+        (
+            "max_mib = 640",
+            "max_mib = 18446744073709551615",
+            "leaves nothing",
+        ),
+        (
+            "headroom_mib = 512",
+            "headroom_mib = 18446744073709551615",
+            "machine.headroom_mib",
+        ),
+        (
+            "max_mib = 384",
+            "max_mib = 18446744073709551615",
+            "zram.max_mib",
+        ),
+        (
+            "percent_of_ram = 50",
+            "percent_of_ram = 18446744073709551615",
+            "percent_of_ram",
+        ),
+        (
+            "ram_mib = 1024",
+            "ram_mib = 18446744073709551616",
+            "expected u64",
+        ),
+        (
+            "ctx_size = 2048",
+            "ctx_size = 0",
+            "ctx_size and server.parallel must be at least 1",
+        ),
+    ] {
+        let text = edited(from, to);
+        let result = std::panic::catch_unwind(|| Profile::parse(&text, Path::new("test.toml")));
+        let e = result
+            .unwrap_or_else(|_| panic!("loading `{to}` panicked"))
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains(want), "{to}: {e}");
+    }
+}

@@ -97,9 +97,17 @@ fn server_unit() {
         &[
             "Type=notify",
             "NotifyAccess=main",
-            "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/gemma-3-270m-q4_k_m.gguf --host 0.0.0.0 --port 8080 --ctx-size 2048 --parallel 2",
+            "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/gemma-3-270m-q4_k_m.gguf --host 0.0.0.0 --port 8080 --ctx-size 2048 --parallel 2 \
+             --rate-limit-key 60 --rate-limit-ip 120 --rate-burst 10 --max-connections 64 \
+             --header-timeout 10 --body-timeout 30 --default-max-tokens 256 \
+             --api-key-file %d/api-keys --tls-cert %d/tls-cert --tls-key %d/tls-key",
+            "LoadCredential=api-keys:/var/lib/llm-secrets/api-keys",
+            "LoadCredential=tls-cert:/var/lib/llm-secrets/tls-cert.pem",
+            "LoadCredential=tls-key:/var/lib/llm-secrets/tls-key.pem",
+            "Requires=llm-secrets.service",
+            "After=network.target llm-secrets.service",
             "Restart=always",
-            "RestartPreventExitStatus=3",
+            "RestartPreventExitStatus=1 2 3",
             "StartLimitIntervalSec=0",
             "TimeoutStartSec=600",
             "WatchdogSec=120",
@@ -120,6 +128,149 @@ fn server_unit() {
     // Either would hide /proc/meminfo or the cgroup files the server sizes itself against.
     assert!(!unit.contains("ProcSubset="));
     assert!(!unit.contains("InaccessiblePaths="));
+    assert!(!unit.contains("WARNING"));
+}
+
+/// A profile serving private networks only, without keys or TLS, as the loader allows.
+fn private_open() -> Profile {
+    let text = include_str!("../../profiles/e2-micro.toml")
+        .replace(
+            r#"api_cidrs = ["0.0.0.0/0", "::/0"]"#,
+            r#"api_cidrs = ["10.0.0.0/16"]"#,
+        )
+        .replace(r#"api_keys = "metadata""#, r#"api_keys = "none""#)
+        .replace(r#"tls = "metadata""#, r#"tls = "none""#)
+        .replace(
+            "cors_origins = []",
+            r#"cors_origins = ["https://a.example", "http://b.example:8000"]"#,
+        );
+    Profile::parse(&text, Path::new("private.toml")).unwrap()
+}
+
+#[test]
+fn without_keys_or_tls_the_unit_loads_no_credential_and_warns() {
+    let p = private_open();
+    let unit = rendered_from(&p, "/etc/systemd/system/llm-server.service").contents;
+    assert!(!unit.contains("LoadCredential"), "{unit}");
+    assert!(!unit.contains("%d"), "{unit}");
+    assert!(
+        unit.contains("# WARNING: server.api_keys = \"none\""),
+        "{unit}"
+    );
+    assert!(unit.contains("# WARNING: server.tls = \"none\""), "{unit}");
+    let args = render::server_args(&p);
+    let tail: Vec<&str> = args
+        .iter()
+        .rev()
+        .take(4)
+        .rev()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "--cors-origin",
+            "https://a.example",
+            "--cors-origin",
+            "http://b.example:8000"
+        ]
+    );
+    assert_eq!(p.warnings().len(), 2);
+}
+
+#[test]
+fn secrets_unit_runs_before_the_server_and_reaches_only_the_metadata_service() {
+    let unit = rendered("/etc/systemd/system/llm-secrets.service").contents;
+    assert_lines(
+        &unit,
+        &[
+            "Before=llm-server.service",
+            "After=network-online.target",
+            "Type=oneshot",
+            "RemainAfterExit=yes",
+            "StateDirectory=llm-secrets",
+            "StateDirectoryMode=0700",
+            "ExecStart=/usr/local/bin/appliance secrets --profile /etc/llm-appliance/profile.toml",
+            "IPAddressAllow=169.254.169.254/32",
+            "IPAddressDeny=any",
+            "CapabilityBoundingSet=",
+            "WantedBy=multi-user.target",
+        ],
+    );
+    let keys = rendered("/etc/systemd/system/oci-ssh-keys.service").contents;
+    assert_lines(
+        &keys,
+        &[
+            "IPAddressAllow=169.254.169.254/32",
+            "IPAddressDeny=any",
+            "ReadWritePaths=/root",
+        ],
+    );
+    let motd = rendered(paths::MOTD_SCRIPT);
+    assert_eq!(motd.mode, 0o755);
+    assert!(motd.contents.starts_with("#!/bin/sh\n"));
+    assert!(motd
+        .contents
+        .ends_with("exec /usr/local/bin/appliance banner\n"));
+}
+
+/// The exposure `systemd-analyze security --offline=true` gives each unit file, 0.0 (confined)
+/// to 10.0 (unprotected).
+fn exposure(dir: &Path, unit: &str) -> (f64, String) {
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(unit)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let level = text
+        .lines()
+        .find_map(|l| l.split("Overall exposure level for ").nth(1))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no exposure level for {unit}:\n{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (level, text)
+}
+
+/// The server and the jobs that talk to the metadata service are confined to an exposure of at
+/// most 2.0 ("OK"); the check is real: the server without its confinement scores far worse.
+#[test]
+fn units_are_confined_as_systemd_analyze_security_measures() {
+    assert!(
+        tool("systemd-analyze"),
+        "systemd-analyze is missing: apt-get install systemd"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    render::write(&render::render(&e2_micro()), dir.path()).unwrap();
+    let units = dir.path().join("etc/systemd/system");
+    for unit in [
+        paths::SERVER_UNIT,
+        paths::SECRETS_UNIT,
+        paths::SSH_KEYS_UNIT,
+    ] {
+        let (level, text) = exposure(&units, unit);
+        assert!(level <= 2.0, "{unit}: exposure {level} > 2.0:\n{text}");
+        eprintln!("{unit}: exposure {level}");
+    }
+    let server = units.join(paths::SERVER_UNIT);
+    let text = std::fs::read_to_string(&server).unwrap();
+    let bare: String = text
+        .lines()
+        .filter(|l| {
+            !l.starts_with("Protect") && !l.starts_with("Restrict") && !l.starts_with("DynamicUser")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&server, bare).unwrap();
+    let (level, _) = exposure(&units, paths::SERVER_UNIT);
+    assert!(level > 4.0, "unconfined server scored {level}");
 }
 
 /// A profile whose model's file name systemd would split or expand if written bare.
@@ -142,6 +293,7 @@ fn exec_start_is_the_server_argument_list_escaped() {
         let unit = rendered_from(&profile, "/etc/systemd/system/llm-server.service").contents;
         let mut want = vec![paths::SERVER_BINARY.to_owned()];
         want.extend(render::server_args(&profile));
+        want.extend(render::credential_args(&profile));
         assert_eq!(exec_start(&unit), [want], "{unit}");
     }
     assert_eq!(
@@ -337,11 +489,12 @@ fn verify_units(profile: &Profile) {
         let path = dir.path().join(name);
         let text = file
             .contents
-            .replace(paths::SERVER_BINARY, stand_in.to_str().unwrap());
+            .replace(paths::SERVER_BINARY, stand_in.to_str().unwrap())
+            .replace(paths::APPLIANCE_BINARY, stand_in.to_str().unwrap());
         std::fs::write(&path, text).unwrap();
         units.push(path);
     }
-    assert_eq!(units.len(), 4);
+    assert_eq!(units.len(), 5);
     let out = Command::new("systemd-analyze")
         .arg("verify")
         .args(&units)

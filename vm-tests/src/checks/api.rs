@@ -1,7 +1,6 @@
 //! The model answers from the host: `/v1/models`, a chat completion, and the golden greedy
 //! continuation of a prompt at temperature 0.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -10,7 +9,7 @@ use appliance::Profile;
 use serde_json::{json, Value};
 
 use super::GENERATION_TIMEOUT;
-use crate::http;
+use crate::http::{self, Api};
 
 /// The golden prompt: short (prefill is slow under TCG) and its greedy continuation has no near
 /// tie in its first tokens.
@@ -89,14 +88,14 @@ fn cases_file(stem: &str) -> String {
     format!("{base}-cases.json")
 }
 
-pub fn run(api: SocketAddr, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
+pub fn run(api: &Api, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
     let golden = Golden::load(golden_dir, profile, GOLDEN_PROMPT)?;
     ensure!(
         golden.tokens.len() >= GOLDEN_TOKENS,
         "the golden continuation has fewer than {GOLDEN_TOKENS} tokens"
     );
 
-    let models = ok_json(http::get(api, "/v1/models", Duration::from_secs(30))?)?;
+    let models = ok_json(api.get("/v1/models", Duration::from_secs(30))?)?;
     let ids: Vec<&str> = models["data"]
         .as_array()
         .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
@@ -109,8 +108,7 @@ pub fn run(api: SocketAddr, profile: &Profile, golden_dir: &Path) -> Result<Answ
     );
 
     let asked = Instant::now();
-    let chat = ok_json(http::post(
-        api,
+    let chat = ok_json(api.post(
         "/v1/chat/completions",
         &json!({
             "messages": [{"role": "user", "content": "Say hello."}],
@@ -129,8 +127,7 @@ pub fn run(api: SocketAddr, profile: &Profile, golden_dir: &Path) -> Result<Answ
         "the chat completion has no text: {chat}"
     );
 
-    let completion = ok_json(http::post(
-        api,
+    let completion = ok_json(api.post(
         "/v1/completions",
         &json!({
             "prompt": golden.prompt,
@@ -148,8 +145,7 @@ pub fn run(api: SocketAddr, profile: &Profile, golden_dir: &Path) -> Result<Answ
         "/v1/completions generated {count:?} tokens, asked for {GOLDEN_TOKENS}: {completion}"
     );
     // The text is what the client sees; its ids say it is exactly the golden tokens.
-    let token_ids = ok_json(http::post(
-        api,
+    let token_ids = ok_json(api.post(
         "/tokenize",
         &json!({"content": text, "add_special": false, "parse_special": false}),
         Duration::from_secs(60),
@@ -174,6 +170,67 @@ pub fn run(api: SocketAddr, profile: &Profile, golden_dir: &Path) -> Result<Answ
         ),
         first_answer,
     })
+}
+
+/// The API's door from the host: no key, a wrong key of the key's length and of another
+/// length are 401; plain HTTP on the port is refused naming https (400) or redirected, never
+/// served; the key over HTTPS pinned to the box's certificate is 200. `api` carries the key.
+pub fn auth(api: &Api) -> Result<String> {
+    let key = api
+        .key
+        .clone()
+        .context("the suite read no API key from the guest")?;
+    let fingerprint = api
+        .tls
+        .context("the suite read no certificate from the guest")?;
+    let same_length: String = key
+        .chars()
+        .map(|c| if c == '0' { '1' } else { '0' })
+        .collect();
+    let timeout = Duration::from_secs(30);
+    let mut problems = Vec::new();
+    for (what, attempt) in [
+        ("no key", api.with_key(None)),
+        (
+            "a wrong key of the same length",
+            api.with_key(Some(&same_length)),
+        ),
+        (
+            "a wrong, shorter key",
+            api.with_key(Some(&key[..key.len() / 2])),
+        ),
+    ] {
+        let r = attempt.get("/v1/models", timeout)?;
+        if r.status != 401 {
+            problems.push(format!("{what}: {} {}", r.status, r.body.trim()));
+        }
+    }
+    let plain = api.without_tls().get("/v1/models", timeout)?;
+    let refused = (plain.status == 400 && plain.body.to_lowercase().contains("https"))
+        || (300..400).contains(&plain.status);
+    if !refused || plain.body.contains("\"data\"") {
+        problems.push(format!(
+            "plain HTTP got {} {} (want 400 naming https, or a redirect)",
+            plain.status,
+            plain.body.trim()
+        ));
+    }
+    let r = api.get("/v1/models", timeout)?;
+    if r.status != 200 {
+        problems.push(format!(
+            "the key over HTTPS: {} {}",
+            r.status,
+            r.body.trim()
+        ));
+    }
+    super::verdict(
+        problems,
+        format!(
+            "401 without a key and with wrong keys of both lengths; plain HTTP {}; 200 with the \
+             key over HTTPS pinned to {fingerprint}",
+            plain.status
+        ),
+    )
 }
 
 /// The JSON body of a 200 answer; any other status fails with the body.

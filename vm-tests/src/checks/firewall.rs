@@ -10,7 +10,6 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Result};
 
 use crate::guest::{Guest, CLOSED_PORT};
-use crate::http;
 
 /// What the listener says to every connection.
 const BANNER: &str = "vm-test-listener";
@@ -19,7 +18,7 @@ const BANNER: &str = "vm-test-listener";
 const PROBE_WAIT: Duration = Duration::from_secs(15);
 
 pub fn run(guest: &Guest) -> Result<String> {
-    let health = http::get(guest.api, "/health", Duration::from_secs(30))?;
+    let health = guest.api.get("/health", Duration::from_secs(30))?;
     ensure!(
         health.status == 200,
         "/health from the host: {}",

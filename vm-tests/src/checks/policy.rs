@@ -135,8 +135,55 @@ fn selected(line: &str) -> Option<&str> {
         .find_map(|a| a.strip_prefix('[')?.strip_suffix(']'))
 }
 
+/// The units `systemd-analyze security` must score at most this exposure ("OK").
+const CONFINED_UNITS: [&str; 3] = [
+    appliance::paths::SERVER_UNIT,
+    appliance::paths::SECRETS_UNIT,
+    appliance::paths::SSH_KEYS_UNIT,
+];
+const EXPOSURE_MAX: f64 = 2.0;
+
+/// `systemd-analyze security` on the booted box: the server and the jobs that talk to the
+/// metadata service score an exposure of at most 2.0.
+pub fn confinement(ssh: &Ssh) -> Result<String> {
+    let out = ssh.check(&format!(
+        "systemd-analyze security --no-pager {} 2>&1 | grep -F 'Overall exposure level' || true",
+        CONFINED_UNITS.join(" ")
+    ))?;
+    let mut found = Vec::new();
+    let mut problems = Vec::new();
+    for unit in CONFINED_UNITS {
+        match exposure(&out, unit) {
+            Some(l) if l <= EXPOSURE_MAX => found.push(format!("{unit} {l}")),
+            Some(l) => problems.push(format!("{unit}: exposure {l} > {EXPOSURE_MAX}")),
+            None => problems.push(format!("no exposure for {unit} in: {out}")),
+        }
+    }
+    verdict(
+        problems,
+        format!("systemd-analyze security: {}", found.join(", ")),
+    )
+}
+
+/// The exposure `systemd-analyze security` gives `unit` in its summary line
+/// (`→ Overall exposure level for UNIT: 1.5 OK :-)`).
+fn exposure(out: &str, unit: &str) -> Option<f64> {
+    out.lines()
+        .find_map(|l| l.split_once(&format!("for {unit}: ")))
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reads_the_exposure_of_each_unit() {
+        let out = "→ Overall exposure level for llm-server.service: 1.5 OK :-)\n\
+                   → Overall exposure level for llm-secrets.service: 1.7 OK :-)\n";
+        assert_eq!(super::exposure(out, "llm-server.service"), Some(1.5));
+        assert_eq!(super::exposure(out, "llm-secrets.service"), Some(1.7));
+        assert_eq!(super::exposure(out, "oci-ssh-keys.service"), None);
+    }
+
     #[test]
     fn finds_the_selected_algorithm() {
         assert_eq!(

@@ -1,7 +1,6 @@
 //! Memory pressure: a hog that allocates until memory runs short is killed by earlyoom, not by
 //! the kernel, while the server keeps running (no restart) and still answers.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -9,7 +8,7 @@ use serde_json::json;
 
 use super::api::ok_json;
 use super::{properties, section, sections, verdict, GENERATION_TIMEOUT};
-use crate::http;
+use crate::http::Api;
 use crate::ssh::Ssh;
 
 /// `tail` keeps the current line in memory and /dev/zero never ends one, so it grows until
@@ -18,7 +17,7 @@ const HOG: &str = "tail";
 /// Seconds the hog may run before the check gives up on anything killing it.
 const HOG_LIMIT_SECS: u64 = 900;
 
-pub fn run(ssh: &Ssh, api: SocketAddr) -> Result<String> {
+pub fn run(ssh: &Ssh, api: &Api) -> Result<String> {
     let out = ssh.check(&format!(
         "echo '## before'; systemctl show llm-server -p NRestarts,MainPID
          since=$(date +%s)
@@ -75,9 +74,8 @@ pub fn run(ssh: &Ssh, api: SocketAddr) -> Result<String> {
         return verdict(problems, String::new());
     }
 
-    let health = http::get(api, "/health", Duration::from_secs(30))?;
-    let answer = ok_json(http::post(
-        api,
+    let health = api.get("/health", Duration::from_secs(30))?;
+    let answer = ok_json(api.post(
         "/v1/completions",
         &json!({"prompt": "Hello", "max_tokens": 1, "temperature": 0}),
         GENERATION_TIMEOUT,

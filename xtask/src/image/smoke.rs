@@ -62,7 +62,7 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
         }
         // After the prompt, wait for the server too (loading takes a while under TCG).
         if let Some(to_login) = to_login {
-            let answered = appliance::doctor::http_status_line(health, "/health")
+            let answered = health_line(profile, health, &text)
                 .is_ok_and(|line| line.split_whitespace().nth(1) == Some("200"));
             if answered || started.elapsed() > deadline {
                 return Ok(Boot {
@@ -83,6 +83,31 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
             );
         }
     }
+}
+
+/// `/health`'s status line: over HTTPS pinned to the certificate whose fingerprint
+/// llm-secrets.service printed on the console when the profile turns TLS on (the smoke boot has
+/// no SSH to read it from), else over plain HTTP.
+fn health_line(
+    profile: &Profile,
+    addr: std::net::SocketAddr,
+    console: &str,
+) -> std::io::Result<String> {
+    if !profile.server.tls.enabled() {
+        return appliance::doctor::http_status_line(addr, "/health");
+    }
+    let fingerprint = console_fingerprint(console)
+        .ok_or_else(|| std::io::Error::other("no certificate fingerprint on the console yet"))?;
+    appliance::doctor::https_status_line(addr, "/health", fingerprint)
+}
+
+/// The last fingerprint `appliance secrets` printed on the console.
+fn console_fingerprint(console: &str) -> Option<appliance::tls::Fingerprint> {
+    console
+        .lines()
+        .filter_map(|l| l.split_once(appliance::secrets::FINGERPRINT_LINE))
+        .filter_map(|(_, f)| appliance::tls::Fingerprint::parse(f.trim()).ok())
+        .next_back()
 }
 
 /// "used" from `free --mebi`'s `Mem:` line: `Mem: total used free shared buff/cache available`
@@ -111,5 +136,16 @@ mod tests {
                        [   90.6] free[334]: Mem:      965    173    826       0          72        792\n";
         assert_eq!(super::used_mib(console), Some(173));
         assert_eq!(super::used_mib("Mem: 1 2 3\n"), None);
+    }
+
+    #[test]
+    fn reads_the_fingerprint_off_the_console() {
+        let f = appliance::tls::Fingerprint::of_der(b"cert");
+        let console = format!(
+            "[ 12.0] appliance[300]: {}{f}\n[ 13.0] other\n",
+            appliance::secrets::FINGERPRINT_LINE
+        );
+        assert_eq!(super::console_fingerprint(&console), Some(f));
+        assert_eq!(super::console_fingerprint("nothing\n"), None);
     }
 }

@@ -1,0 +1,88 @@
+//! OCI's instance metadata service, version 2: `GET /opc/v2/instance/metadata/<key>` with
+//! `Authorization: Bearer Oracle` (v1's unauthenticated paths are off on current images). A key
+//! the launch did not give answers 404.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::Metadata;
+
+/// Tries and the pause between them: the network may still be coming up at boot (as for the
+/// SSH keys' curl, about half a minute in all).
+const TRIES: u32 = 6;
+const PAUSE: Duration = Duration::from_secs(3);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The metadata path of user-defined keys under the service's base URL.
+const METADATA_PATH: &str = "/opc/v2/instance/metadata";
+
+pub struct Imds {
+    /// `http://169.254.169.254` on OCI.
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Imds {
+    /// The service at `address`, port 80.
+    pub fn new(address: IpAddr) -> Imds {
+        Imds::with_base(base(address))
+    }
+
+    /// The service at `base` (`http://host:port`), for a stand-in in tests.
+    pub fn with_base(base: String) -> Imds {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(TIMEOUT))
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            // A link-local service: never through an HTTP proxy from the environment.
+            .proxy(None)
+            .http_status_as_error(false)
+            .build()
+            .into();
+        Imds { base, agent }
+    }
+
+    /// The URL of the user-defined metadata `key` at `address`.
+    pub fn url(address: IpAddr, key: &str) -> String {
+        format!("{}{METADATA_PATH}/{key}", base(address))
+    }
+}
+
+fn base(address: IpAddr) -> String {
+    match address {
+        IpAddr::V4(a) => format!("http://{a}"),
+        IpAddr::V6(a) => format!("http://[{a}]"),
+    }
+}
+
+impl Metadata for Imds {
+    fn get(&self, key: &str) -> Result<Option<String>, String> {
+        let url = format!("{}{METADATA_PATH}/{key}", self.base);
+        let mut last = String::new();
+        for attempt in 1..=TRIES {
+            if attempt > 1 {
+                std::thread::sleep(PAUSE);
+            }
+            match self
+                .agent
+                .get(&url)
+                .header("Authorization", "Bearer Oracle")
+                .call()
+            {
+                Ok(mut response) => match response.status().as_u16() {
+                    200 => {
+                        return response
+                            .body_mut()
+                            .read_to_string()
+                            .map(Some)
+                            .map_err(|e| format!("GET {url}: {e}"))
+                    }
+                    404 => return Ok(None),
+                    status => last = format!("GET {url}: HTTP {status}"),
+                },
+                Err(e) => last = format!("GET {url}: {e}"),
+            }
+        }
+        Err(format!("{last} (after {TRIES} tries)"))
+    }
+}
