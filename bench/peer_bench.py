@@ -1,24 +1,88 @@
-"""llama.cpp (llama-cpp-python, x86-64-v3 build) on the same workload as
-server/examples/decode_bench.rs: prefill N prompt tokens in one batch, then greedy-decode M
-tokens one at a time. Prints one JSON line.  Usage: peer_bench.py MODEL THREADS [N] [M]"""
-import json, sys, time
+"""llama.cpp (llama-cpp-python, x86-64-v3 build) on the workload of `llm-server bench`:
+ppN prefills N prompt tokens into an empty context in one call; tgN decodes N tokens greedily
+one at a time after a BOS token. Prints one JSON document of the same shape as
+`llm-server bench --json`.
+
+    peer_bench.py -m MODEL [-p 128,2048] [-n 128] [-t 1,2] [-r 5]
+"""
+import argparse
+import json
+import statistics
+import time
+
 import numpy as np
 import llama_cpp
 
-model, threads = sys.argv[1], int(sys.argv[2])
-n_prompt = int(sys.argv[3]) if len(sys.argv) > 3 else 128
-n_decode = int(sys.argv[4]) if len(sys.argv) > 4 else 64
-llm = llama_cpp.Llama(model_path=model, n_ctx=n_prompt + n_decode + 8, n_batch=512,
-                      n_threads=threads, n_threads_batch=threads, verbose=False)
-text = b"The quick brown fox jumps over the lazy dog while the memory of a small server stays free. "
-ids = llm.tokenize(text, add_bos=False, special=False)
-prompt = [llm.token_bos()] + [ids[i % len(ids)] for i in range(n_prompt - 1)]
-llm.eval(prompt[:8]); llm.reset()
-t = time.perf_counter(); llm.eval(prompt); prefill = time.perf_counter() - t
-t = time.perf_counter()
-for _ in range(n_decode):
-    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    llm.eval([nxt])
-decode = time.perf_counter() - t
-print(json.dumps({"engine": "llama.cpp", "threads": threads,
-                  "prefill_tok_s": round(n_prompt / prefill, 1), "decode_tok_s": round(n_decode / decode, 1)}))
+TEXT = b"The quick brown fox jumps over the lazy dog while the memory of a small server stays free. "
+
+
+def ints(s):
+    return [int(v) for v in s.split(",")]
+
+
+def status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def result(test, threads, tokens, samples):
+    s = sorted(samples)
+    med = statistics.median(s)
+    return {"test": test, "threads": threads, "tokens": tokens,
+            "samples": [round(v, 1) for v in samples], "median": round(med, 1),
+            "min": round(s[0], 1), "max": round(s[-1], 1),
+            "spread": round((s[-1] - s[0]) / med, 3)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-p", "--n-prompt", type=ints, default=[128])
+    ap.add_argument("-n", "--n-gen", type=ints, default=[128])
+    ap.add_argument("-t", "--threads", type=ints, default=[1])
+    ap.add_argument("-r", "--repetitions", type=int, default=5)
+    a = ap.parse_args()
+    n_ctx = max(a.n_prompt + a.n_gen) + 1
+    results, anon, file_, name = [], 0, 0, ""
+    for threads in a.threads:
+        # Llama.eval feeds a prompt in calls of n_batch tokens, each one micro-batch: 512, as
+        # llama.cpp's default n_ubatch is.
+        llm = llama_cpp.Llama(model_path=a.model, n_ctx=max(n_ctx, 8), n_batch=512,
+                              n_threads=threads, n_threads_batch=threads, verbose=False)
+        name = llm.metadata.get("general.name", "")
+        ids = llm.tokenize(TEXT, add_bos=False, special=False)
+        prompt = [llm.token_bos()] + [ids[i % len(ids)] for i in range(n_ctx - 1)]
+        llm.eval(prompt[:8])
+        for n in [n for n in a.n_prompt if n > 0]:
+            samples = []
+            for _ in range(a.repetitions):
+                llm.reset()
+                t = time.perf_counter()
+                llm.eval(prompt[:n])
+                samples.append(n / (time.perf_counter() - t))
+                anon, file_ = max(anon, status_kb("RssAnon:")), max(file_, status_kb("RssFile:"))
+            results.append(result(f"pp{n}", threads, n, samples))
+        for n in [n for n in a.n_gen if n > 0]:
+            samples = []
+            for _ in range(a.repetitions):
+                llm.reset()
+                llm.eval(prompt[:1])
+                t = time.perf_counter()
+                for _ in range(n):
+                    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+                    llm.eval([nxt])
+                samples.append(n / (time.perf_counter() - t))
+                anon, file_ = max(anon, status_kb("RssAnon:")), max(file_, status_kb("RssFile:"))
+            results.append(result(f"tg{n}", threads, n, samples))
+        del llm
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), "unknown CPU")
+    print(json.dumps({"engine": "llama.cpp", "model": name, "cpu": cpu, "results": results,
+                      "rss_anon_peak_kb": anon, "rss_file_peak_kb": file_,
+                      "vm_hwm_kb": status_kb("VmHWM:")}))
+
+
+main()

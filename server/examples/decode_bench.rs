@@ -1,6 +1,6 @@
 //! Prefill and decode throughput on a model: `decode_bench MODEL [THREADS] [PROMPT_TOKENS] [DECODE_TOKENS]`.
-//! Prints one JSON line, the same shape `bench/peer_bench.py` prints for llama.cpp, so the two
-//! can be compared side by side in one run (`bench/compare.sh`).
+//! Prints one JSON line. A minimal harness for profiling (callgrind, perf); `llm-server bench` is
+//! the measurement `bench/compare.sh` runs beside llama.cpp.
 
 use std::time::Instant;
 

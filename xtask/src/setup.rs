@@ -31,6 +31,11 @@ const DEBIAN: &[(&str, Need, &str)] = &[
         "pip and the model fetch over HTTPS",
     ),
     ("curl", Need::Tests, "the HTTP client tests"),
+    (
+        "binutils",
+        Need::Tests,
+        "`objdump` checks the release binary has no PDEP/PEXT",
+    ),
     ("procps", Need::Tests, "`kill` in the signal tests"),
     ("python3", Need::Tests, "gguf-py and the OpenAI SDK tests"),
     (

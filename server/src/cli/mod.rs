@@ -1,5 +1,6 @@
 //! The command line: one module per subcommand, each a `run` on its clap struct.
 
+mod bench;
 mod inspect;
 mod plan;
 mod run;
@@ -24,6 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Measure prefill and decode speed (as llama-bench does).
+    Bench(bench::Bench),
     /// Print a model's metadata and tensor table.
     Inspect(inspect::Inspect),
     /// Print the memory plan (weights, KV cache, scratch) beside the memory limits found.
@@ -46,6 +49,7 @@ pub fn main() -> ExitCode {
         std::process::exit(if e.use_stderr() { 1 } else { 0 });
     });
     let result = match cli.cmd {
+        Cmd::Bench(c) => c.run(),
         Cmd::Inspect(c) => c.run(),
         Cmd::Plan(c) => c.run(),
         Cmd::Run(c) => c.run(),

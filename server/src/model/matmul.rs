@@ -82,7 +82,8 @@ impl SharedOut {
 }
 
 /// `out[t * w.rows + r] = dot(w.row(r), act_t)` for the n activation rows in `acts`, summed in
-/// the float order llama.cpp uses when its matmul sees `llama_rows` activation rows at once.
+/// `order`: llama.cpp's for a matmul that sees `llama_rows` activation rows at once is
+/// `DotOrder::of(w.ty, w.rows, llama_rows)`.
 pub fn matmul(
     pool: &Pool,
     file: &[u8],
@@ -90,7 +91,7 @@ pub fn matmul(
     acts: &[u8],
     n: usize,
     out: &mut [f32],
-    llama_rows: usize,
+    order: DotOrder,
 ) {
     assert!(
         out.len() >= n * w.rows,
@@ -101,13 +102,14 @@ pub fn matmul(
     let data = w.data(file);
     let dst = SharedOut(out.as_mut_ptr());
     let rows = w.rows;
-    let order = DotOrder::of(w.ty, rows, llama_rows);
     // Enough chunks for dynamic balancing, few enough that the shared counter stays cold, and
     // at least 64 KiB of weights each: smaller matrices run on the calling thread, where waking
-    // a worker would cost more than it saves.
+    // a worker would cost more than it saves. A multiple of 4 rows, so every row but a matrix's
+    // last few goes through the four-row kernels.
     let chunk = (rows / (pool.threads() * 16))
         .clamp(16, 4096)
-        .max((64 << 10) / w.row_bytes);
+        .max((64 << 10) / w.row_bytes)
+        .next_multiple_of(4);
     pool.for_chunks(rows, chunk, &|_, range| {
         let weights = &data[range.start * w.row_bytes..range.end * w.row_bytes];
         let act = |t: usize| &acts[t * act_row..(t + 1) * act_row];

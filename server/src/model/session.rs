@@ -11,7 +11,7 @@ use super::ops;
 use super::scratch::{Scratch, ScratchLayout};
 use super::weights::{Layer, Mat, Weights};
 use super::{Config, Model, ModelError};
-use crate::quant::dequantize_row;
+use crate::quant::{dequantize_row, DotOrder};
 
 /// Receives the logits after each token when all of them are wanted.
 type LogitsSink<'a> = &'a mut dyn FnMut(usize, &[f32]);
@@ -178,7 +178,16 @@ impl Batch<'_> {
     /// was invalidated since the last input.
     pub fn matmul(&self, acts: &mut Acts, mat: &Mat, x: &[f32], out: &mut [f32], rows: usize) {
         let a = acts.get(mat.ty, x, self.n, mat.cols);
-        matmul(&self.m.pool, self.m.gguf.bytes(), mat, a, self.n, out, rows);
+        let order = DotOrder::of(mat.ty, mat.rows, rows);
+        matmul(
+            &self.m.pool,
+            self.m.gguf.bytes(),
+            mat,
+            a,
+            self.n,
+            out,
+            order,
+        );
     }
 
     /// `out = rms_norm(x) * w` per token, over rows of `w.len()`.
@@ -284,7 +293,14 @@ fn logits(
     s.acts.invalidate();
     let w = &m.weights.output;
     let a = s.acts.get(w.ty, &s.xn[..n * d], n, d);
-    matmul(&m.pool, m.gguf.bytes(), w, a, n, out, llama_rows);
+    // The logits are no matmul's input: they may sum in any order (see DotOrder::Free). With
+    // several rows (teacher forcing) llama.cpp's order is kept, as the diagnostics compare it.
+    let order = if n == 1 {
+        DotOrder::Free
+    } else {
+        DotOrder::of(w.ty, w.rows, llama_rows)
+    };
+    matmul(&m.pool, m.gguf.bytes(), w, a, n, out, order);
 }
 
 /// How many activation rows llama.cpp's matmuls see in the llama.cpp batch holding token `done`

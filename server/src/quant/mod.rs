@@ -124,6 +124,14 @@ pub enum DotOrder {
     /// as the row quantisers (Q8_K may flip the sign of both d and the quants when +max and -max
     /// tie, which leaves every product unchanged), and bsums are plain sums.
     Repacked,
+    /// No order to keep: the matrix's outputs are final (the output matrix, whose results are
+    /// the logits), so a rounding difference goes nowhere but into them, where the golden rule
+    /// (testdata/README.md) bounds it. Single activation rows take the formats' four-row
+    /// kernels ([`Kernels::dot_4rows`](format::Kernels::dot_4rows)); otherwise as vec_dot.
+    /// Every other matmul keeps llama.cpp's order: each layer's outputs are quantised again
+    /// for the next matmul, and on the default model a last-bit difference there grows into
+    /// logit errors of 0.8 (measured with the four-row kernels on every Q5_0/Q8_0 matrix).
+    Free,
 }
 
 impl DotOrder {
@@ -201,6 +209,7 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
         DotOrder::VecDot => rows_of::<W>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
         DotOrder::Tiled => rows_of::<W>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
         DotOrder::Repacked => rows_of::<W>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
+        DotOrder::Free => rows_4_of::<W>(row_bytes, rows, blocks(act), out),
     })
 }
 
@@ -222,6 +231,29 @@ fn rows_of<W: Kernels>(
     }
 }
 
+/// [`rows_of`] in [`DotOrder::Free`]: four rows at a time through the format's four-row kernel,
+/// which shares the activation's loads; the last `len % 4` rows one by one. A row's result
+/// depends on its index only, not on how a matmul splits the rows, as long as the split is
+/// into multiples of four.
+#[inline(always)]
+fn rows_4_of<W: Kernels>(row_bytes: usize, rows: &[u8], act: &[ActBlock<W>], out: &mut [f32]) {
+    let order = DotOrder::Free;
+    let quads = rows.chunks_exact(4 * row_bytes);
+    let rest = quads.remainder();
+    let mut outs = out.chunks_exact_mut(4);
+    for (i, (quad, o)) in quads.zip(&mut outs).enumerate() {
+        let ahead = (i + 1) * 4 * row_bytes + PREFETCH_ROWS * row_bytes;
+        if let Some(ahead) = rows.get(ahead..ahead + 4 * row_bytes) {
+            prefetch(ahead);
+        }
+        let row = |k: usize| blocks::<W::Block>(&quad[k * row_bytes..(k + 1) * row_bytes]);
+        o.copy_from_slice(&W::dot_4rows([row(0), row(1), row(2), row(3)], act, order));
+    }
+    for (row, o) in rest.chunks_exact(row_bytes).zip(outs.into_remainder()) {
+        *o = W::dot(blocks(row), act, order);
+    }
+}
+
 /// How far ahead [`dot_rows`] asks for weight rows. Decode streams every weight from memory once
 /// per token; requesting the row two ahead keeps more loads in flight than the hardware
 /// prefetcher alone (measured on the default model, 1 thread, alternating runs: decode +7 to +24 %,
@@ -232,10 +264,13 @@ const PREFETCH_ROWS: usize = 2;
 #[inline(always)]
 fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
+    for offset in (0..bytes.len()).step_by(64) {
         // SAFETY: a prefetch only hints the cache and never faults; the address is in bounds.
         unsafe {
-            std::arch::x86_64::_mm_prefetch(line.as_ptr().cast(), std::arch::x86_64::_MM_HINT_T0)
+            std::arch::x86_64::_mm_prefetch(
+                bytes.as_ptr().add(offset).cast(),
+                std::arch::x86_64::_MM_HINT_T0,
+            )
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -272,6 +307,7 @@ pub fn dot_rows_x4(
         DotOrder::VecDot => rows_x4_of::<W>(DotOrder::VecDot, row_bytes, rows, acts, outs),
         DotOrder::Tiled => rows_x4_of::<W>(DotOrder::Tiled, row_bytes, rows, acts, outs),
         DotOrder::Repacked => rows_x4_of::<W>(DotOrder::Repacked, row_bytes, rows, acts, outs),
+        DotOrder::Free => rows_x4_of::<W>(DotOrder::Free, row_bytes, rows, acts, outs),
     })
 }
 

@@ -103,7 +103,7 @@ proptest! {
         for (w, n, w_row, act) in cases(seed, blocks) {
             let scalar = vec_dot_ref(w, n, &w_row, &act);
             let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6;
-            for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked] {
+            for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked, DotOrder::Free] {
                 let simd = vec_dot(w, order, n, &w_row, &act);
                 prop_assert!(
                     ((simd - scalar) as f64).abs() <= tol,
@@ -130,6 +130,31 @@ proptest! {
             let sums = sum_rounding(w) * WEIGHT_FLOATS as f64 * block_sums;
             let tol = 1e-5 * abs_product_sum(w, &w_row, &act, n) + 1e-6 + sums;
             prop_assert!((got - exact).abs() <= tol, "{w}, n={n}: {got} vs {exact} (tolerance {tol})");
+        }
+    }
+
+    /// `dot_rows` in the free order over 1..=9 rows (the four-row kernels and the rows left
+    /// over) of 1..=9 blocks: formats with their own four-row kernel (which sums in its own
+    /// order) agree with the reference to float rounding, the others equal vec_dot bit for bit.
+    #[test]
+    fn free_order_dot_rows_of_any_row_count_equal_vec_dot(seed in any::<u64>(), n_rows in 1usize..=9, blocks in 1usize..=9) {
+        let mut rng = Rng(seed);
+        for w in WEIGHT_TYPES {
+            let n = blocks * w.block_len().max(vec_dot_type(w).block_len());
+            let rows: Vec<Vec<u8>> = (0..n_rows).map(|_| random_weights(w, n, &mut rng)).collect();
+            let act = quantized(w, &random_activations(n, &mut rng));
+            let mut out = vec![0f32; n_rows];
+            dot_rows(w, DotOrder::Free, n, &rows.concat(), &act, &mut out);
+            for (r, row) in rows.iter().enumerate() {
+                let one = vec_dot(w, DotOrder::VecDot, n, row, &act);
+                if FOUR_ROW_KERNELS.contains(&w) && r < n_rows / 4 * 4 {
+                    let tol = 1e-5 * abs_product_sum(w, row, &act, n) + 1e-6;
+                    let reference = vec_dot_ref(w, n, row, &act);
+                    prop_assert!(((out[r] - reference) as f64).abs() <= tol, "{w} row {r}: {} vs {reference}", out[r]);
+                } else {
+                    prop_assert_eq!(out[r].to_bits(), one.to_bits(), "{} row {}", w, r);
+                }
+            }
         }
     }
 
@@ -294,6 +319,10 @@ fn repacked_spec(w: GgmlType, w_row: &[u8], act: &[u8], gemm: bool) -> f32 {
 }
 
 /// The weight types llama.cpp repacks (on a matrix whose rows come in groups of 8).
+/// The formats whose [`Kernels::dot_4rows`](super::format::Kernels::dot_4rows) is their own,
+/// summing in another order than their vec_dot (in [`DotOrder::Free`] only).
+const FOUR_ROW_KERNELS: &[GgmlType] = &[GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0];
+
 fn repacked_types() -> Vec<GgmlType> {
     let repacked = |w: &GgmlType| DotOrder::of(*w, 8, 1) == DotOrder::Repacked;
     WEIGHT_TYPES.into_iter().filter(repacked).collect()

@@ -12,12 +12,14 @@
 mod serve_support;
 mod tokenizer_common;
 
+mod bench_cli;
 mod chat_page;
 mod cli;
 mod cpu_guard;
 mod dequant_vs_gguf_py;
 mod gguf_malformed;
 mod golden;
+mod no_pdep_pext;
 mod serve_api;
 mod serve_body;
 mod serve_clients;

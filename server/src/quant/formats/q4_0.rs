@@ -86,5 +86,11 @@ avx2! {
                 }
             }
         }
+
+        #[inline]
+        fn dot_4rows(w: [&[BlockQ4_0]; 4], a: &[BlockQ8_0], _order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot`; the kernel checks the rows' lengths.
+            unsafe { block32::vec_dot_4rows(w, a) }
+        }
     }
 }

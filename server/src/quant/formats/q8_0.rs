@@ -87,6 +87,12 @@ avx2! {
             // the caller).
             unsafe { block32::vec_dot_x4(w, a) }
         }
+
+        #[inline]
+        fn dot_4rows(w: [&[BlockQ8_0]; 4], a: &[BlockQ8_0], _order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot`; the kernel checks the rows' lengths.
+            unsafe { block32::vec_dot_4rows(w, a) }
+        }
     }
 }
 

@@ -54,6 +54,35 @@ pub unsafe fn vec_dot_x4<B: SignedBlock32>(w: &[B], a: [&[BlockQ8_0]; 4]) -> [f3
     acc.map(|v| hsum(v))
 }
 
+/// Four weight rows against one activation row (decode's mat-vec), not in llama.cpp's order: per
+/// block the four rows' integer dots are folded by horizontal adds into one vector (rows 0..4 of
+/// the block's first half, then of its second), scaled by the four `d_w·d_a` in one multiply and
+/// added with one FMA; the two halves are added at the end. Each activation block is loaded and
+/// its scale converted once for four rows, and four rows share one accumulator: on the default
+/// model's Q8_0 output matrix this is about half [`vec_dot`]'s instructions per block. The
+/// differences from vec_dot's sum are float rounding (relative 1e-7 of the row's magnitude).
+#[inline(always)]
+pub unsafe fn vec_dot_4rows<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    let n = a.len();
+    assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    let mut acc = _mm256_setzero_ps();
+    for (i, ab) in a.iter().enumerate() {
+        // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+        let b = w.map(|w| w.get_unchecked(i));
+        let aq = load256(ab.qs.as_ptr().cast());
+        let p = b.map(|b| dot_i8_quads(b.quants(), aq));
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let d = b.map(|b| i16::from_le_bytes(b.d()));
+        let d_w = _mm_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], 0, 0, 0, 0));
+        let d = _mm_mul_ps(d_w, _mm_set1_ps(f16_to_f32(ab.d)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(d, d), acc);
+    }
+    lanes(_mm_add_ps(
+        _mm256_castps256_ps128(acc),
+        _mm256_extractf128_ps(acc, 1),
+    ))
+}
+
 /// As [`vec_dot`] but with ggml's two chains for IQ4_NL (even and odd blocks), summed before the
 /// horizontal add; an odd last block is added after it.
 #[inline(always)]

@@ -1,0 +1,282 @@
+//! `llm-server bench`: prefill and decode throughput, as llama.cpp's `llama-bench` measures them.
+//!
+//! For every thread count the model is loaded once; then each prompt length is prefilled from an
+//! empty context (`ppN`) and each generation length is decoded greedily one token at a time
+//! after a BOS token (`tgN`), `-r` times each. `bench/peer_bench.py` runs the same workload on
+//! llama.cpp, and `bench/compare.sh` alternates the two.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use llm_server::model::{LoadOptions, Model, Session};
+use serde::Serialize;
+
+use super::CliResult;
+
+#[derive(clap::Args)]
+pub struct Bench {
+    /// The GGUF model file.
+    #[arg(long, short)]
+    model: PathBuf,
+    /// Prompt lengths to prefill, comma-separated (0 for none).
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_values_t = [128])]
+    n_prompt: Vec<usize>,
+    /// Generation lengths to decode, comma-separated (0 for none).
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_values_t = [128])]
+    n_gen: Vec<usize>,
+    /// Thread counts, comma-separated.
+    #[arg(short = 't', long = "threads", value_delimiter = ',', default_values_t = [1])]
+    threads: Vec<usize>,
+    /// Repetitions of every test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    repetitions: usize,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The fixed, ordinary text whose tokens, cycled, make every prompt (the peer uses the same).
+const TEXT: &str =
+    "The quick brown fox jumps over the lazy dog while the memory of a small server stays free. ";
+
+#[derive(Serialize)]
+struct Report {
+    engine: &'static str,
+    model: String,
+    cpu: String,
+    results: Vec<TestResult>,
+    /// Peak anonymous and file-backed resident memory seen after any run, and the kernel's
+    /// high-water mark of all resident memory (kB, as /proc/self/status counts).
+    rss_anon_peak_kb: u64,
+    rss_file_peak_kb: u64,
+    vm_hwm_kb: u64,
+}
+
+#[derive(Serialize)]
+struct TestResult {
+    /// `ppN` (prefill N tokens) or `tgN` (decode N tokens).
+    test: String,
+    threads: usize,
+    tokens: usize,
+    /// Tokens per second of every repetition, in run order.
+    samples: Vec<f64>,
+    median: f64,
+    min: f64,
+    max: f64,
+    /// (max − min) / median.
+    spread: f64,
+}
+
+impl Bench {
+    pub fn run(self) -> CliResult {
+        self.check()?;
+        let mut mem = Memory::default();
+        let mut results = Vec::new();
+        let mut name = String::new();
+        for &threads in &self.threads {
+            let model = Model::load(
+                &self.model,
+                &LoadOptions {
+                    threads,
+                    mlock: false,
+                },
+            )?;
+            name = model.name().to_owned();
+            let longest = self.n_prompt.iter().chain(&self.n_gen).max().copied();
+            let n_ctx = longest.unwrap_or(0) + 1;
+            if n_ctx > model.n_ctx_train() {
+                return Err(format!(
+                    "a test needs {n_ctx} tokens of context but the model was trained on {}; \
+                     lower -p/-n",
+                    model.n_ctx_train()
+                )
+                .into());
+            }
+            let mut session = model.new_session(n_ctx.max(8));
+            let tokens = prompt(&model, n_ctx);
+            // Warm the page cache and the code paths once.
+            session.eval(&model, &tokens[..8.min(tokens.len())])?;
+            for &n in self.n_prompt.iter().filter(|&&n| n > 0) {
+                let samples = (0..self.repetitions)
+                    .map(|_| {
+                        let r = prefill(&model, &mut session, &tokens[..n]);
+                        mem.sample();
+                        r
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                results.push(TestResult::new(format!("pp{n}"), threads, n, samples));
+            }
+            for &n in self.n_gen.iter().filter(|&&n| n > 0) {
+                let samples = (0..self.repetitions)
+                    .map(|_| {
+                        let r = decode(&model, &mut session, tokens[0], n);
+                        mem.sample();
+                        r
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                results.push(TestResult::new(format!("tg{n}"), threads, n, samples));
+            }
+        }
+        let report = Report {
+            engine: "llm-server",
+            model: name,
+            cpu: cpu_model(),
+            results,
+            rss_anon_peak_kb: mem.anon,
+            rss_file_peak_kb: mem.file,
+            vm_hwm_kb: status_kb("VmHWM:").unwrap_or(0),
+        };
+        if self.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print_table(&report);
+        }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.threads.contains(&0) {
+            return Err("-t/--threads must be at least 1".into());
+        }
+        if self.repetitions == 0 {
+            return Err("-r/--repetitions must be at least 1".into());
+        }
+        if self.n_prompt.iter().chain(&self.n_gen).all(|&n| n == 0) {
+            return Err(
+                "nothing to measure: give a prompt length (-p) or a generation length (-n) above 0"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// BOS, then the text's tokens cycled to `n` in all.
+fn prompt(model: &Model, n: usize) -> Vec<u32> {
+    let tok = model.tokenizer();
+    let ids = tok.encode(TEXT, false, false);
+    let mut p = vec![tok.bos().unwrap_or(ids[0])];
+    p.extend(ids.iter().cycle().take(n.saturating_sub(1)));
+    p
+}
+
+/// Tokens per second prefilling `tokens` into an empty context.
+fn prefill(
+    model: &Model,
+    s: &mut Session,
+    tokens: &[u32],
+) -> Result<f64, Box<dyn std::error::Error>> {
+    s.clear();
+    let t = Instant::now();
+    s.eval(model, tokens)?;
+    Ok(tokens.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Tokens per second decoding `n` tokens greedily after `first` (which is not timed).
+fn decode(
+    model: &Model,
+    s: &mut Session,
+    first: u32,
+    n: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    s.clear();
+    let mut next = argmax(s.eval(model, &[first])?);
+    let t = Instant::now();
+    for _ in 0..n {
+        next = argmax(s.eval(model, &[next])?);
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32
+}
+
+impl TestResult {
+    fn new(test: String, threads: usize, tokens: usize, samples: Vec<f64>) -> TestResult {
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        let k = sorted.len();
+        let median = if k % 2 == 1 {
+            sorted[k / 2]
+        } else {
+            (sorted[k / 2 - 1] + sorted[k / 2]) / 2.0
+        };
+        let (min, max) = (sorted[0], sorted[k - 1]);
+        TestResult {
+            test,
+            threads,
+            tokens,
+            samples: samples.iter().map(|v| round1(*v)).collect(),
+            median: round1(median),
+            min: round1(min),
+            max: round1(max),
+            spread: ((max - min) / median * 1000.0).round() / 1000.0,
+        }
+    }
+}
+
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+fn print_table(r: &Report) {
+    println!("model {}, {}", r.model, r.cpu);
+    println!("| test | threads | tok/s (median) | min | max | spread |");
+    println!("|---|---|---|---|---|---|");
+    for t in &r.results {
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} % |",
+            t.test,
+            t.threads,
+            t.median,
+            t.min,
+            t.max,
+            t.spread * 100.0
+        );
+    }
+    println!(
+        "peak RssAnon {} MiB, RssFile {} MiB, VmHWM {} MiB",
+        r.rss_anon_peak_kb / 1024,
+        r.rss_file_peak_kb / 1024,
+        r.vm_hwm_kb / 1024
+    );
+}
+
+/// The largest RssAnon and RssFile seen so far (the kernel keeps a peak only of their sum).
+#[derive(Default)]
+struct Memory {
+    anon: u64,
+    file: u64,
+}
+
+impl Memory {
+    fn sample(&mut self) {
+        self.anon = self.anon.max(status_kb("RssAnon:").unwrap_or(0));
+        self.file = self.file.max(status_kb("RssFile:").unwrap_or(0));
+    }
+}
+
+/// A `kB` field of /proc/self/status.
+fn status_kb(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}

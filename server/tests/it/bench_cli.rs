@@ -1,0 +1,106 @@
+//! `llm-server bench`: its JSON report on the default model, and its refusals of bad arguments.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> Output {
+    let model = test_support::default_model();
+    Command::new(env!("CARGO_BIN_EXE_llm-server"))
+        .arg("bench")
+        .arg("-m")
+        .arg(&model)
+        .args(args)
+        .output()
+        .expect("start llm-server")
+}
+
+/// Refused with one line on stderr naming `what`, nothing on stdout.
+fn refused(args: &[&str], what: &str) {
+    let out = bench(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(out.stdout.is_empty(), "{args:?} printed on stdout");
+    assert!(
+        stderr.contains(what),
+        "{args:?}: {stderr:?} should name {what}"
+    );
+}
+
+#[test]
+fn json_report_has_every_test_with_its_statistics() {
+    let out = bench(&["-p", "8,16", "-n", "4", "-t", "1,2", "-r", "3", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(v["engine"], "llm-server");
+    assert!(!v["cpu"].as_str().unwrap().is_empty());
+    let results = v["results"].as_array().unwrap();
+    let names: Vec<(String, u64)> = results
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().unwrap().to_owned(),
+                r["threads"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, u64)> = [1, 2]
+        .into_iter()
+        .flat_map(|t| ["pp8", "pp16", "tg4"].map(|n| (n.to_owned(), t)))
+        .collect();
+    assert_eq!(names, expected);
+    for r in results {
+        let samples: Vec<f64> = serde_json::from_value(r["samples"].clone()).unwrap();
+        assert_eq!(samples.len(), 3, "{r}");
+        let (min, med, max) = (
+            r["min"].as_f64().unwrap(),
+            r["median"].as_f64().unwrap(),
+            r["max"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= med && med <= max, "{r}");
+        assert!(samples.iter().all(|s| (min..=max).contains(s)), "{r}");
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        assert_eq!(med, sorted[1], "{r}");
+    }
+    // The weights are mapped (file-backed), the KV cache and scratch anonymous.
+    let anon = v["rss_anon_peak_kb"].as_u64().unwrap();
+    let file = v["rss_file_peak_kb"].as_u64().unwrap();
+    assert!(
+        anon > 1024 && file > 100 * 1024,
+        "anon {anon} kB, file {file} kB"
+    );
+    assert!(v["vm_hwm_kb"].as_u64().unwrap() >= file);
+}
+
+#[test]
+fn table_output_names_the_tests() {
+    let out = bench(&["-p", "8", "-n", "2", "-r", "1"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success() && text.contains("| pp8 | 1 |") && text.contains("| tg2 | 1 |"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_cause() {
+    refused(&["-t", "0"], "--threads must be at least 1");
+    refused(&["-r", "0"], "--repetitions must be at least 1");
+    refused(&["-p", "0", "-n", "0"], "nothing to measure");
+    refused(&["-p", "x"], "invalid value 'x'");
+    refused(&["-p", "100000000"], "lower -p/-n");
+    let out = Command::new(env!("CARGO_BIN_EXE_llm-server"))
+        .args(["bench", "-m", "/nonexistent.gguf"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("/nonexistent.gguf"),
+        "{stderr}"
+    );
+}
