@@ -1,10 +1,15 @@
 # One flexible load balancer at 10 Mbps minimum and maximum: the Always-Free one.
 #
-# TLS is terminated here, not passed through: llm-server on each box speaks plain HTTP on the
-# API port, so termination needs no certificate on the boxes (one certificate, on the load
-# balancer, renewed in one place), lets the health check be an HTTP GET of /health, and lets
-# the balancer see requests. Traffic from the balancer to the boxes stays inside the VCN, and
-# the boxes' security list admits the API port from the balancer's subnet only.
+# TLS is terminated here with the public certificate (one certificate, renewed in one place) and
+# the balancer sees requests. It then opens TLS again to each box, because llm-server on the
+# appliance serves only HTTPS (it refuses plain HTTP on its API port); the boxes' certificates
+# are their own self-signed ones, so the balancer does not verify them: the hop stays inside the
+# VCN, and the boxes' security list admits the API port from the balancer's subnet only. The
+# health check goes over that TLS too.
+#
+# Every request reaches a box from the balancer's address: the boxes' per-IP rate limit
+# ([server.limits] rate_per_ip_per_min) then counts all clients together, so set it to the total a
+# box should take, and rely on the per-key limit per client.
 
 resource "oci_load_balancer_load_balancer" "appliance" {
   compartment_id = var.compartment_ocid
@@ -26,9 +31,18 @@ resource "oci_load_balancer_backend_set" "boxes" {
   # request to the box with the fewest open ones rather than in turn.
   policy = "LEAST_CONNECTIONS"
 
-  # /health answers 200 once the model is loaded (503 while loading), without an API key.
+  # Re-encrypted to the boxes; their self-signed certificates are not verified (see the top).
+  ssl_configuration {
+    certificate_name        = oci_load_balancer_certificate.tls.certificate_name
+    verify_peer_certificate = false
+    protocols               = ["TLSv1.2", "TLSv1.3"]
+  }
+
+  # /health answers 200 once the model is loaded (503 while loading), without an API key,
+  # over the backend set's TLS (is_force_plain_text = false).
   health_checker {
-    protocol    = "HTTP"
+    protocol            = "HTTP"
+    is_force_plain_text = false
     port        = var.api_port
     url_path    = "/health"
     return_code = 200

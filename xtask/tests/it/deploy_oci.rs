@@ -144,7 +144,12 @@ const SCHEMAS: &[Schema] = &[
         "load_balancer_id name policy health_checker health_checker.interval_ms \
          health_checker.port health_checker.protocol health_checker.response_body_regex \
          health_checker.retries health_checker.return_code \
-         health_checker.timeout_in_millis health_checker.url_path",
+         health_checker.timeout_in_millis health_checker.url_path \
+         health_checker.is_force_plain_text ssl_configuration ssl_configuration.certificate_ids \
+         ssl_configuration.certificate_name ssl_configuration.cipher_suite_name \
+         ssl_configuration.protocols ssl_configuration.server_order_preference \
+         ssl_configuration.trusted_certificate_authority_ids ssl_configuration.verify_depth \
+         ssl_configuration.verify_peer_certificate",
     ),
     (
         "resource",
@@ -341,6 +346,10 @@ fn the_deployment_is_always_free_and_checks_health_on_the_profiles_port() {
     assert_eq!(str_at(health, "protocol"), "HTTP");
     assert_eq!(str_at(health, "url_path"), "/health");
     assert_eq!(str_at(health, "port"), "${var.api_port}");
+    // The appliance serves only HTTPS: the balancer and its health check must speak TLS to it.
+    let backends = one(&parsed, "oci_load_balancer_backend_set", "boxes");
+    assert_eq!(health["is_force_plain_text"], false);
+    assert!(backends["ssl_configuration"][0]["certificate_name"].is_string());
 
     // TLS terminates at the listener.
     let listener = one(&parsed, "oci_load_balancer_listener", "https");
