@@ -218,7 +218,7 @@ impl Mix {
 
     pub fn tensor(self, name: &str, role: Role, dims: &[usize]) -> TensorSpec {
         let wanted = self.wanted(role);
-        let ty = if dims[0] % wanted.block_len() == 0 {
+        let ty = if dims[0].is_multiple_of(wanted.block_len()) {
             wanted
         } else {
             fallback(wanted)

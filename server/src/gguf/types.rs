@@ -109,7 +109,7 @@ impl TensorType {
     /// Bytes of a row of `n` values, or `None` when `n` is not a whole number of blocks or the
     /// byte count overflows.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        (n % self.block_len() == 0)
+        n.is_multiple_of(self.block_len())
             .then_some(n / self.block_len())?
             .checked_mul(self.block_bytes())
     }

@@ -43,7 +43,7 @@ pub unsafe trait Block: Copy {}
 pub fn blocks<T: Block>(bytes: &[u8]) -> &[T] {
     let size = size_of::<T>();
     assert!(
-        bytes.len() % size == 0,
+        bytes.len().is_multiple_of(size),
         "{} bytes is not a whole number of {}-byte blocks",
         bytes.len(),
         size
@@ -58,7 +58,7 @@ pub fn blocks<T: Block>(bytes: &[u8]) -> &[T] {
 pub fn blocks_mut<T: Block>(bytes: &mut [u8]) -> &mut [T] {
     let size = size_of::<T>();
     assert!(
-        bytes.len() % size == 0,
+        bytes.len().is_multiple_of(size),
         "{} bytes is not a whole number of {}-byte blocks",
         bytes.len(),
         size

@@ -146,7 +146,7 @@ impl DotOrder {
     /// - Everything else goes row by row through vec_dot.
     pub fn of(w: GgmlType, rows: usize, act_rows: usize) -> DotOrder {
         let orders = with_weight!(w, W => <W as WeightRow>::ORDERS);
-        if orders.contains(&DotOrder::Repacked) && rows % 8 == 0 {
+        if orders.contains(&DotOrder::Repacked) && rows.is_multiple_of(8) {
             DotOrder::Repacked
         } else if orders.contains(&DotOrder::Tiled) && act_rows >= 8 {
             DotOrder::Tiled

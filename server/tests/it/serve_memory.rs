@@ -109,7 +109,7 @@ fn plan_auto_picks_the_largest_context_under_the_limit() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no context in {stdout}"));
     assert!(
-        (256..32768).contains(&n_ctx) && n_ctx % 256 == 0,
+        (256..32768).contains(&n_ctx) && n_ctx.is_multiple_of(256),
         "{stdout}"
     );
     assert!(stdout.contains("verdict: fits"), "{stdout}");
