@@ -128,18 +128,7 @@ impl Server {
             .status()
             .unwrap();
         assert!(status.success());
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no exit {within:?} after SIGTERM:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait_exit(within)
     }
 }
 
