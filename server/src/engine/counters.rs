@@ -14,7 +14,11 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Default)]
 pub struct Counters {
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens taken from a slot's cache instead of evaluated.
+    pub cached_prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Forward passes that evaluated generated tokens, one of every slot generating at the time.
+    pub decode_passes: AtomicU64,
     /// Time spent evaluating prompts.
     pub prefill_nanos: AtomicU64,
     /// Time spent evaluating generated tokens.

@@ -16,6 +16,9 @@ pub struct Generation {
     pub constraint: Option<Constraint>,
     /// Report each token's log-probability with this many alternatives (at most 20).
     pub logprobs: Option<usize>,
+    /// Start from the longest prefix of the prompt a slot's cache holds (llama-server's
+    /// `cache_prompt`); false evaluates the whole prompt.
+    pub cache_prompt: bool,
 }
 
 /// Why a generation ended.
@@ -31,5 +34,7 @@ pub enum FinishReason {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub prompt_tokens: usize,
+    /// Of the prompt tokens, those taken from the slot's cache.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
 }

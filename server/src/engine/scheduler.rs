@@ -1,7 +1,8 @@
 //! Slots, the request queue and the decode thread.
 //!
 //! Each of the `--parallel` slots owns a [`Session`] (its KV cache and scratch, allocated once at
-//! start-up). One dedicated thread runs every slot, one step per slot per round: a chunk of the
+//! start-up), which keeps its conversation after a job: a new job goes to the slot whose cache
+//! shares the longest prefix with its prompt, and only the rest is evaluated. One dedicated thread runs every slot, one step per slot per round: a chunk of the
 //! prompt or one generated token. Decoding is CPU-bound and synchronous, so it never runs on the
 //! tokio workers, and round-robin is fair on one or two cores where slots would otherwise fight
 //! over the same CPUs. Jobs come in through the queue and report through their own channel; an
@@ -14,13 +15,15 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use smallvec::SmallVec;
+
 use super::counters::Counters;
 use super::generation::{FinishReason, Usage};
 use super::job::{Event, Job, JobFailure, Refused};
 use super::stop::StopMatcher;
 use super::Slots;
 use crate::grammar::Constraint;
-use crate::model::{Model, Session};
+use crate::model::{decode_batch, Model, Session, UBATCH};
 use crate::sampler::{Candidate, Sampler, TokenLogprob};
 use crate::tokenizer::StreamDecoder;
 
@@ -70,6 +73,8 @@ impl Scheduler {
             .map(|_| Slot {
                 session: model.new_session(n_ctx),
                 task: None,
+                last_used: 0,
+                decoding: false,
             })
             .collect();
         counters.slots.store(parallel as u64, Relaxed);
@@ -145,6 +150,10 @@ impl Drop for Scheduler {
 struct Slot {
     session: Session,
     task: Option<Task>,
+    /// When the slot last took a job (a count of jobs taken by all slots).
+    last_used: u64,
+    /// The task's last token is to be evaluated in this round's batched pass.
+    decoding: bool,
 }
 
 /// The outcome of one step of a slot.
@@ -164,7 +173,9 @@ struct Task {
     /// The prompt, then each generated token (what the repetition penalties look at).
     history: Vec<u32>,
     prompt_len: usize,
-    /// Prompt tokens evaluated so far.
+    /// Prompt tokens taken from the slot's cache.
+    cached: usize,
+    /// Prompt tokens in the cache so far, taken from it or evaluated.
     prefilled: usize,
     generated: usize,
     max_tokens: usize,
@@ -172,11 +183,14 @@ struct Task {
     text: String,
     /// Log-probabilities of tokens whose text is not sent yet.
     logprobs: Vec<TokenLogprob>,
+    /// Why the round's batched evaluation failed for this task.
+    failed: Option<JobFailure>,
 }
 
 fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
     let counters = &shared.counters;
     let slot_count = slots.len();
+    let mut jobs_taken = 0u64;
     loop {
         counters.beat();
         {
@@ -199,12 +213,23 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
                     return;
                 }
                 drop_abandoned(&mut state.pending, counters);
-                for slot in slots.iter_mut().filter(|s| s.task.is_none()) {
+                while state.idle_slots > 0 {
                     let Some(job) = state.pending.pop_front() else {
                         break;
                     };
-                    slot.session.clear();
-                    slot.task = Some(Task::new(job, model, slot.session.n_ctx()));
+                    jobs_taken += 1;
+                    let slot = pick_slot(&mut slots, model, &job);
+                    slot.last_used = jobs_taken;
+                    let reuse = if job.generation.cache_prompt {
+                        slot.session.resume(model, &job.prompt)
+                    } else {
+                        slot.session.clear();
+                        0
+                    };
+                    counters
+                        .cached_prompt_tokens
+                        .fetch_add(reuse as u64, Relaxed);
+                    slot.task = Some(Task::new(job, model, slot.session.n_ctx(), reuse));
                     state.idle_slots -= 1;
                 }
                 counters
@@ -219,26 +244,84 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
                     counters.idle(|| shared.wake.wait(state).unwrap_or_else(|e| e.into_inner()));
             }
         }
+        // A chunk of its prompt for each slot reading one, then one token of every generating
+        // slot, all in one pass over the weights.
         for slot in &mut slots {
-            let Step::Finished(last) = slot.step(model, counters) else {
-                continue;
-            };
-            let Some(task) = slot.task.take() else {
-                continue;
-            };
-            // The slot is counted free before the client hears the end, so that /metrics
-            // read right after a response never shows it busy.
-            let busy = {
-                let mut state = shared.lock();
-                state.idle_slots += 1;
-                slot_count - state.idle_slots
-            };
-            counters.busy_slots.store(busy as u64, Relaxed);
-            if let Some(event) = last {
-                let _ = task.job.events.send(event);
+            let step = slot.step(model, counters);
+            slot.end_if_finished(step, shared, slot_count);
+        }
+        decode_round(model, counters, &mut slots);
+        for slot in slots.iter_mut().filter(|s| s.decoding) {
+            slot.decoding = false;
+            let step = slot.sample(model, counters);
+            slot.end_if_finished(step, shared, slot_count);
+        }
+    }
+}
+
+/// Evaluates the last sampled token of every slot marked `decoding`, in batches of up to
+/// [`UBATCH`] sessions; on an error every one of them fails.
+fn decode_round(model: &Model, counters: &Counters, slots: &mut [Slot]) {
+    let started = Instant::now();
+    let mut any = false;
+    for batch in slots.chunks_mut(UBATCH) {
+        let tokens: SmallVec<[u32; 8]> = batch
+            .iter()
+            .filter(|s| s.decoding)
+            .filter_map(|s| s.task.as_ref()?.history.last().copied())
+            .collect();
+        if tokens.is_empty() {
+            continue;
+        }
+        any = true;
+        let mut sessions: SmallVec<[&mut Session; 8]> = batch
+            .iter_mut()
+            .filter(|s| s.decoding)
+            .map(|s| &mut s.session)
+            .collect();
+        let result = decode_batch(model, &mut sessions, &tokens);
+        counters.decode_passes.fetch_add(1, Relaxed);
+        drop(sessions);
+        if let Err(e) = result {
+            for slot in batch.iter_mut().filter(|s| s.decoding) {
+                slot.decoding = false;
+                if let Some(task) = slot.task.as_mut() {
+                    task.failed = Some(JobFailure::Engine(e.to_string()));
+                }
             }
         }
     }
+    if any {
+        counters.add_decode(started.elapsed());
+    }
+}
+
+/// The idle slot for `job`. A slot
+/// whose cache the prompt continues (it keeps at least half of the cached conversation) is taken,
+/// the longest such prefix first; otherwise an empty slot, else the least recently used, so that
+/// a new conversation does not evict one that is still going on just because both start with the
+/// chat template's opening and a system prompt (it still reuses whatever it shares).
+fn pick_slot<'s>(slots: &'s mut [Slot], model: &Model, job: &Job) -> &'s mut Slot {
+    let reusable = |slot: &Slot| {
+        if job.generation.cache_prompt {
+            slot.session.reusable(model, &job.prompt)
+        } else {
+            0
+        }
+    };
+    let idle = || slots.iter().enumerate().filter(|(_, s)| s.task.is_none());
+    let continued = idle()
+        .map(|(i, s)| (i, reusable(s), s.session.tokens().len()))
+        .filter(|&(_, reuse, cached)| reuse > 0 && 2 * reuse >= cached)
+        .max_by_key(|&(i, reuse, _)| (reuse, std::cmp::Reverse(slots[i].last_used)))
+        .map(|(i, _, _)| i);
+    let index = continued.unwrap_or_else(|| {
+        idle()
+            .min_by_key(|(_, s)| (!s.session.tokens().is_empty(), s.last_used))
+            .expect("called with an idle slot")
+            .0
+    });
+    &mut slots[index]
 }
 
 /// Removes queued jobs whose client left or whose time ran out while waiting.
@@ -258,7 +341,8 @@ fn drop_abandoned(pending: &mut VecDeque<Job>, counters: &Counters) {
 }
 
 impl Task {
-    fn new(mut job: Job, model: &Model, n_ctx: usize) -> Task {
+    /// A task for `job` in a slot whose cache holds the first `cached` tokens of its prompt.
+    fn new(mut job: Job, model: &Model, n_ctx: usize, cached: usize) -> Task {
         let prompt_len = job.prompt.len();
         // Prompt and generated tokens together never outgrow the context.
         let mut history = Vec::with_capacity(n_ctx.max(prompt_len));
@@ -270,12 +354,14 @@ impl Task {
             constraint: job.generation.constraint.take(),
             history,
             prompt_len,
-            prefilled: 0,
+            cached,
+            prefilled: cached,
             generated: 0,
             // Without max_tokens the end of the context ends the generation.
             max_tokens: job.generation.max_tokens.unwrap_or(usize::MAX),
             text: String::new(),
             logprobs: Vec::new(),
+            failed: None,
             job,
         }
     }
@@ -310,6 +396,7 @@ impl Task {
             finish,
             usage: Usage {
                 prompt_tokens: self.prompt_len,
+                cached_tokens: self.cached,
                 completion_tokens: self.generated,
             },
         }))
@@ -317,9 +404,11 @@ impl Task {
 }
 
 impl Slot {
-    /// Runs one step of this slot's task.
+    /// Runs this slot's part of a round that needs no other slot: a chunk of its prompt, then
+    /// (when that was the last) the first token. A slot with a token to evaluate is marked
+    /// `decoding` for the round's batched pass.
     fn step(&mut self, model: &Model, counters: &Counters) -> Step {
-        let Slot { session, task } = self;
+        let Slot { session, task, .. } = self;
         let Some(task) = task.as_mut() else {
             return Step::Continue;
         };
@@ -330,34 +419,60 @@ impl Slot {
         if Instant::now() >= task.job.deadline {
             return Step::Finished(Some(Event::Failed(JobFailure::Timeout)));
         }
-
-        let started = Instant::now();
-        let prefilling = task.prefilled < task.prompt_len;
-        let input = if prefilling {
-            let end = (task.prefilled + PREFILL_CHUNK).min(task.prompt_len);
-            let chunk = task.prefilled..end;
-            task.prefilled = end;
-            &task.history[chunk]
-        } else {
-            &task.history[task.history.len() - 1..]
-        };
-        let n_input = input.len();
-        let logits = match session.eval(model, input) {
-            Ok(logits) => logits,
-            Err(e) => {
-                return Step::Finished(Some(Event::Failed(JobFailure::Engine(e.to_string()))))
-            }
-        };
-        if prefilling {
-            counters.add_prefill(started.elapsed());
-            counters.prompt_tokens.fetch_add(n_input as u64, Relaxed);
-            if task.prefilled < task.prompt_len {
-                return Step::Continue;
-            }
-        } else {
-            counters.add_decode(started.elapsed());
+        if task.prefilled == task.prompt_len {
+            self.decoding = true;
+            return Step::Continue;
         }
+        let started = Instant::now();
+        let end = (task.prefilled + PREFILL_CHUNK).min(task.prompt_len);
+        let chunk = task.prefilled..end;
+        task.prefilled = end;
+        if let Err(e) = session.eval(model, &task.history[chunk.clone()]) {
+            return Step::Finished(Some(Event::Failed(JobFailure::Engine(e.to_string()))));
+        }
+        counters.add_prefill(started.elapsed());
+        counters
+            .prompt_tokens
+            .fetch_add(chunk.len() as u64, Relaxed);
+        if task.prefilled < task.prompt_len {
+            return Step::Continue;
+        }
+        self.sample(model, counters)
+    }
 
+    /// Frees the slot if `step` ended its task, and sends the task's last event.
+    fn end_if_finished(&mut self, step: Step, shared: &Shared, slot_count: usize) {
+        let Step::Finished(last) = step else {
+            return;
+        };
+        let Some(task) = self.task.take() else {
+            return;
+        };
+        self.decoding = false;
+        // The slot is counted free before the client hears the end, so that /metrics read
+        // right after a response never shows it busy.
+        let busy = {
+            let mut state = shared.lock();
+            state.idle_slots += 1;
+            slot_count - state.idle_slots
+        };
+        shared.counters.busy_slots.store(busy as u64, Relaxed);
+        if let Some(event) = last {
+            let _ = task.job.events.send(event);
+        }
+    }
+
+    /// Samples the next token from the session's logits (after its prompt or its last token)
+    /// and sends its text.
+    fn sample(&mut self, model: &Model, counters: &Counters) -> Step {
+        let Slot { session, task, .. } = self;
+        let Some(task) = task.as_mut() else {
+            return Step::Continue;
+        };
+        if let Some(failure) = task.failed.take() {
+            return Step::Finished(Some(Event::Failed(failure)));
+        }
+        let logits = session.logits();
         let mask = match task.constraint.as_mut().map(Constraint::mask).transpose() {
             Ok(mask) => mask,
             Err(e) => {

@@ -6,15 +6,17 @@
 use half::f16;
 
 use super::arch::RopeStyle;
-use super::kv_cache::LayerKv;
+use super::kv_cache::{KvCache, LayerKv};
 use super::ops;
 use super::scratch::{CosSin, Scratch};
-use super::session::Batch;
+use super::session::{Batch, Segment};
 use super::weights::Layer;
 
 /// `s.o = post_norm(wo · attention(rope(qk_norm(q, k)), v))` with q, k, v projected from
-/// `norm(s.x)`, for the batch's tokens at layer `il`; their keys and values go into `kv`.
-pub(super) fn block(b: &Batch, il: usize, l: &Layer, kv: &mut LayerKv, s: &mut Scratch) {
+/// `norm(s.x)`, for the batch's tokens at layer `il`. The projections take every row of the
+/// batch at once; each segment's keys and values go into its own cache (`kvs`, one per segment),
+/// which its queries attend over.
+pub(super) fn block(b: &Batch, il: usize, l: &Layer, kvs: &mut [&mut KvCache], s: &mut Scratch) {
     let c = &b.m.config;
     let n = b.n;
 
@@ -43,18 +45,30 @@ pub(super) fn block(b: &Batch, il: usize, l: &Layer, kv: &mut LayerKv, s: &mut S
     norm_and_rotate(b, &mut s.q[..n * qd], l.q_norm.as_deref(), rope);
     norm_and_rotate(b, &mut s.k[..n * kvd], l.k_norm.as_deref(), rope);
 
-    for t in 0..n {
-        let cell = kv.cell(b.pos0 + t) * kvd;
-        let row = t * kvd..(t + 1) * kvd;
-        for (dst, &x) in kv.k[cell..cell + kvd].iter_mut().zip(&s.k[row.clone()]) {
-            *dst = f16::from_f32(x);
+    for (seg, kv) in b.segments.iter().zip(kvs.iter_mut()) {
+        let kv = &mut kv.layers[il];
+        for t in (0..seg.n).filter(|t| seg.pos0 + t >= seg.kept) {
+            let cell = kv.cell(seg.pos0 + t) * kvd;
+            let row = (seg.row0 + t) * kvd..(seg.row0 + t + 1) * kvd;
+            for (dst, &x) in kv.k[cell..cell + kvd].iter_mut().zip(&s.k[row.clone()]) {
+                *dst = f16::from_f32(x);
+            }
+            for (dst, &x) in kv.v[cell..cell + kvd].iter_mut().zip(&s.v[row]) {
+                *dst = f16::from_f32(x);
+            }
         }
-        for (dst, &x) in kv.v[cell..cell + kvd].iter_mut().zip(&s.v[row]) {
-            *dst = f16::from_f32(x);
-        }
+        let rows = seg.row0 * qd..(seg.row0 + seg.n) * qd;
+        attend(
+            b,
+            seg,
+            kv,
+            window,
+            &s.q[rows.clone()],
+            &mut s.attn[rows],
+            &mut s.scores,
+            &mut s.qh,
+        );
     }
-
-    attend(b, kv, window, &s.q, &mut s.attn, &mut s.scores, &mut s.qh);
 
     s.acts.invalidate();
     b.matmul(&mut s.acts, &l.wo, &s.attn, &mut s.o, b.llama_rows);
@@ -99,15 +113,17 @@ struct SharedMut(*mut f32);
 unsafe impl Sync for SharedMut {}
 unsafe impl Send for SharedMut {}
 
-/// Causal attention of the batch's queries `q` (n, n_head * head_dim) over the cache into `out`
+/// Causal attention of one segment's queries `q` (n, n_head * head_dim) over its cache into `out`
 /// (same shape), parallel over (token, head), in llama.cpp's arithmetic (its default, non-flash
 /// path): Q is rounded to f16; each score is an FMA chain per lane over the head, summed in the
 /// horizontal order of `f16`'s kernel; the softmax is ggml's ([`ops::softmax_ggml`]) over rows
 /// aligned to the lanes; the probabilities are rounded to f16 and the values accumulated in the
 /// same lanes by cell. Quantised models amplify any last-bit difference here. Local layers see
 /// the last `window` positions only.
+#[allow(clippy::too_many_arguments)]
 fn attend(
     b: &Batch,
+    seg: &Segment,
     kv: &LayerKv,
     window: Option<usize>,
     q: &[f32],
@@ -116,7 +132,7 @@ fn attend(
     qh: &mut [f32],
 ) {
     let c = &b.m.config;
-    let (n, pos0) = (b.n, b.pos0);
+    let (n, pos0) = (seg.n, seg.pos0);
     let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
     let group = c.n_head / c.n_head_kv;
     let scale = c.attn_scale();

@@ -1,6 +1,10 @@
 //! Matrix × activations: activations are quantised once into the weight type's dot format,
 //! then output rows are spread over the pool; each weight row is read once per batch.
 
+use std::marker::PhantomData;
+
+use super::kv_cache::UBATCH;
+use super::session::Grouping;
 use super::weights::Mat;
 use crate::quant::{dot_rows, dot_rows_x4, quantize_row_for, vec_dot_type, DotOrder, GgmlType};
 use crate::threads::Pool;
@@ -81,26 +85,61 @@ impl SharedOut {
     }
 }
 
-/// `out[t * w.rows + r] = dot(w.row(r), act_t)` for the n activation rows in `acts`, summed in
-/// `order`: llama.cpp's for a matmul that sees `llama_rows` activation rows at once is
-/// `DotOrder::of(w.ty, w.rows, llama_rows)`.
+/// Where a matmul writes: for each of its activation rows, a buffer of at least `w.rows`
+/// outputs — rows of one matrix, or (a batch of sessions) each session's own logits.
+pub struct Outs<'a> {
+    rows: [SharedOut; UBATCH],
+    n: usize,
+    len: usize,
+    _borrow: PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> Outs<'a> {
+    /// The first `n` rows of `len` of `out`.
+    pub fn contiguous(out: &'a mut [f32], n: usize, len: usize) -> Outs<'a> {
+        assert!(out.len() >= n * len, "output buffer too small");
+        Self::rows(out.chunks_exact_mut(len).take(n), len)
+    }
+
+    /// One buffer per activation row, each of at least `len`.
+    pub fn rows(rows: impl IntoIterator<Item = &'a mut [f32]>, len: usize) -> Outs<'a> {
+        let mut outs = Outs {
+            rows: [SharedOut(std::ptr::null_mut()); UBATCH],
+            n: 0,
+            len,
+            _borrow: PhantomData,
+        };
+        for row in rows {
+            assert!(row.len() >= len, "output row too short");
+            assert!(outs.n < UBATCH, "at most {UBATCH} output rows");
+            outs.rows[outs.n] = SharedOut(row.as_mut_ptr());
+            outs.n += 1;
+        }
+        outs
+    }
+}
+
+/// Weight bytes a matmul over rows each alone ([`Grouping::Alone`]) reads per block of rows,
+/// for every activation row in turn: small enough to stay in L1/L2 for the next row, so the
+/// weights come from memory once for the whole batch.
+const ALONE_BLOCK_BYTES: usize = 16 << 10;
+
+/// `out[t][r] = dot(w.row(r), act_t)` for the activation rows in `acts` (one per output row of
+/// `out`), summed in `order`: llama.cpp's for a matmul that sees `llama_rows` activation rows at
+/// once is `DotOrder::of(w.ty, w.rows, llama_rows)`; rows grouped as `grouping` says.
 pub fn matmul(
     pool: &Pool,
     file: &[u8],
     w: &Mat,
     acts: &[u8],
-    n: usize,
-    out: &mut [f32],
+    out: Outs,
     order: DotOrder,
+    grouping: Grouping,
 ) {
-    assert!(
-        out.len() >= n * w.rows,
-        "output buffer too small for {}",
-        w.name
-    );
+    let n = out.n;
+    assert!(out.len >= w.rows, "output rows too short for {}", w.name);
     let act_row = acts.len() / n;
     let data = w.data(file);
-    let dst = SharedOut(out.as_mut_ptr());
     let rows = w.rows;
     // Enough chunks for dynamic balancing, few enough that the shared counter stays cold, and
     // at least 64 KiB of weights each: smaller matrices run on the calling thread, where waking
@@ -110,32 +149,48 @@ pub fn matmul(
         .clamp(16, 4096)
         .max((64 << 10) / w.row_bytes)
         .next_multiple_of(4);
+    let out = &out;
     pool.for_chunks(rows, chunk, &|_, range| {
-        let weights = &data[range.start * w.row_bytes..range.end * w.row_bytes];
         let act = |t: usize| &acts[t * act_row..(t + 1) * act_row];
-        // SAFETY: this chunk owns rows `range` of every token's output, disjoint from the other
-        // chunks', and t * rows + range.end <= n * rows <= out.len().
-        let out_of = |t: usize| unsafe {
-            std::slice::from_raw_parts_mut(dst.at(t * rows + range.start), range.len())
+        // SAFETY: this chunk owns rows `range` of every activation row's output, disjoint from
+        // the other chunks', and range.end <= w.rows <= out.len.
+        let out_of = |t: usize, rows: &std::ops::Range<usize>| unsafe {
+            std::slice::from_raw_parts_mut(out.rows[t].at(rows.start), rows.len())
         };
-        // Groups of 4 from the first row, the rest one by one: llama.cpp's repacked matmul
-        // (`forward_mul_mat`) splits its batch so, and with micro-batches a multiple of 4
-        // long the groups coincide, which matters where its gemm and gemv sum differently.
-        let mut t = 0;
-        while t + 4 <= n {
-            let outs = [out_of(t), out_of(t + 1), out_of(t + 2), out_of(t + 3)];
-            dot_rows_x4(
-                w.ty,
-                order,
-                w.cols,
-                weights,
-                [act(t), act(t + 1), act(t + 2), act(t + 3)],
-                outs,
-            );
-            t += 4;
-        }
-        for t in t..n {
-            dot_rows(w.ty, order, w.cols, weights, act(t), out_of(t));
+        let weights_of =
+            |rows: &std::ops::Range<usize>| &data[rows.start * w.row_bytes..rows.end * w.row_bytes];
+        match grouping {
+            Grouping::Llama => {
+                // Groups of 4 from the first row, the rest one by one: llama.cpp's repacked
+                // matmul (`forward_mul_mat`) splits its batch so, and with micro-batches a
+                // multiple of 4 long the groups coincide, which matters where its gemm and gemv
+                // sum differently.
+                let weights = weights_of(&range);
+                let mut t = 0;
+                while t + 4 <= n {
+                    let outs = std::array::from_fn(|i| out_of(t + i, &range));
+                    let acts = std::array::from_fn(|i| act(t + i));
+                    dot_rows_x4(w.ty, order, w.cols, weights, acts, outs);
+                    t += 4;
+                }
+                for t in t..n {
+                    dot_rows(w.ty, order, w.cols, weights, act(t), out_of(t, &range));
+                }
+            }
+            Grouping::Alone => {
+                // Blocks a multiple of 4 rows from the chunk's start, so that each weight row
+                // meets the same (four-row or single) kernel as in a one-row matmul.
+                let block = (ALONE_BLOCK_BYTES / w.row_bytes).max(4).next_multiple_of(4);
+                let mut start = range.start;
+                while start < range.end {
+                    let rows = start..(start + block).min(range.end);
+                    let weights = weights_of(&rows);
+                    for t in 0..n {
+                        dot_rows(w.ty, order, w.cols, weights, act(t), out_of(t, &rows));
+                    }
+                    start = rows.end;
+                }
+            }
         }
     });
 }

@@ -20,8 +20,8 @@ use std::path::Path;
 
 pub use arch::{Arch, ArchSpec, Ffn, RopeStyle, Swa, ARCHS};
 pub use config::{Config, ConfigError};
-pub use kv_cache::KvCache;
-pub use session::Session;
+pub use kv_cache::{KvCache, UBATCH};
+pub use session::{decode_batch, Session};
 pub use weights::Weights;
 
 use crate::gguf::{Gguf, GgufError};

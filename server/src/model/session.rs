@@ -6,7 +6,7 @@
 use super::arch::Ffn;
 use super::attention;
 use super::kv_cache::{KvCache, LLAMA_BATCH, UBATCH};
-use super::matmul::{matmul, Acts};
+use super::matmul::{matmul, Acts, Outs};
 use super::ops;
 use super::scratch::{Scratch, ScratchLayout};
 use super::weights::{Layer, Mat, Weights};
@@ -19,6 +19,12 @@ type LogitsSink<'a> = &'a mut dyn FnMut(usize, &[f32]);
 pub struct Session {
     n_ctx: usize,
     n_past: usize,
+    /// The tokens at positions `0..n_past`: what the KV cache holds.
+    tokens: Vec<u32>,
+    /// Positions below this hold their keys and values already, though past `n_past`: a prompt
+    /// the cache holds whole is resumed one token early, for its logits, and that token's keys
+    /// and values are not written again ([`Session::resume`]).
+    kept: usize,
     kv: KvCache,
     s: Scratch,
 }
@@ -30,14 +36,19 @@ impl Session {
         Session {
             n_ctx,
             n_past: 0,
+            tokens: Vec::with_capacity(n_ctx),
+            kept: 0,
             kv: KvCache::new(&m.config, n_ctx),
             s: Scratch::new(layout, &m.weights),
         }
     }
 
-    /// Bytes of scratch a session of `n_ctx` allocates besides its KV cache (for the planner).
+    /// Bytes of scratch a session of `n_ctx` allocates besides its KV cache (for the planner),
+    /// counting the list of its cached tokens.
     pub fn scratch_bytes(c: &Config, w: &Weights, threads: usize, n_ctx: usize) -> u64 {
-        ScratchLayout::new(c, w, threads, n_ctx.max(1)).bytes()
+        let n_ctx = n_ctx.max(1);
+        let tokens = (n_ctx * std::mem::size_of::<u32>()) as u64;
+        ScratchLayout::new(c, w, threads, n_ctx).bytes() + tokens
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -48,14 +59,61 @@ impl Session {
         self.n_past
     }
 
-    /// Forgets the conversation; the memory stays allocated.
-    pub fn clear(&mut self) {
-        self.n_past = 0;
+    /// The logits after the last token evaluated.
+    pub fn logits(&self) -> &[f32] {
+        &self.s.logits
     }
 
-    /// Keeps the first `n` positions (for reusing a common prompt prefix).
-    pub fn truncate(&mut self, n: usize) {
+    /// The tokens the cache holds, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Forgets the conversation; the memory stays allocated.
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Keeps the first `n` positions.
+    fn truncate(&mut self, n: usize) {
         self.n_past = self.n_past.min(n);
+        self.tokens.truncate(self.n_past);
+        self.kept = 0;
+    }
+
+    /// How many of `prompt`'s first tokens the cache can stand for: the prefix it shares with
+    /// the cached tokens, at most all but the last token (whose logits must be computed), or 0
+    /// when a sliding-window layer has overwritten what resuming there needs
+    /// ([`kv_cache::REWIND`](super::kv_cache::REWIND)).
+    pub fn reusable(&self, m: &Model, prompt: &[u32]) -> usize {
+        let shared = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len().saturating_sub(1));
+        if self.kv.can_resume(&m.config, self.n_past, shared) {
+            shared
+        } else {
+            0
+        }
+    }
+
+    /// Keeps the [`Session::reusable`] prefix of `prompt` and returns its length: the next
+    /// evaluation continues from there. A prompt the cache holds whole is resumed at its last
+    /// token, whose keys and values stay as they are: re-evaluated in another float order (a
+    /// one-row pass, not the batch that first read it) they would differ in their last bits, and
+    /// on small quantised models such a difference grows into logit changes of ~0.8 a few tokens
+    /// later. So a repeated request continues exactly as the first one did.
+    pub fn resume(&mut self, m: &Model, prompt: &[u32]) -> usize {
+        let n = self.reusable(m, prompt);
+        let whole = n > 0 && self.tokens.get(n) == prompt.get(n);
+        self.truncate(n);
+        if whole {
+            self.kept = n + 1;
+        }
+        n
     }
 
     /// Appends `tokens` at the current position and returns the logits after the last one.
@@ -111,7 +169,15 @@ impl Session {
                 Some(f) => {
                     for t0 in (0..batch.len()).step_by(4) {
                         let ts = t0..(t0 + 4).min(batch.len());
-                        logits(&mut self.s, m, ts.clone(), &mut group, rows.outputs);
+                        let out = Outs::contiguous(&mut group, ts.len(), n_vocab);
+                        logits(
+                            &mut self.s,
+                            m,
+                            ts.clone(),
+                            out,
+                            rows.outputs,
+                            Grouping::Llama,
+                        );
                         for (logits, t) in group.chunks_exact(n_vocab).zip(ts) {
                             f(done + t, logits);
                         }
@@ -120,7 +186,8 @@ impl Session {
                 None if last_batch => {
                     let mut out = std::mem::take(&mut self.s.logits);
                     let last = batch.len() - 1;
-                    logits(&mut self.s, m, last..last + 1, &mut out, rows.outputs);
+                    let outs = Outs::contiguous(&mut out, 1, n_vocab);
+                    logits(&mut self.s, m, last..last + 1, outs, 1, Grouping::Llama);
                     self.s.logits = out;
                 }
                 None => {}
@@ -132,44 +199,149 @@ impl Session {
 
     /// Runs the layers over one micro-batch, leaving the final hidden states in `s.x`.
     fn ubatch(&mut self, m: &Model, tokens: &[u32], rows: LlamaRows) {
+        let segment = [Segment {
+            row0: 0,
+            n: tokens.len(),
+            pos0: self.n_past,
+            kept: self.kept,
+        }];
         let b = Batch {
             m,
             n: tokens.len(),
-            pos0: self.n_past,
             n_ctx: self.n_ctx,
             llama_rows: rows.layers,
+            grouping: Grouping::Llama,
+            segments: &segment,
         };
-        let s = &mut self.s;
-        embed(&b, tokens, s);
-        rope_tables(&b, s);
-        let last = m.weights.layers.len() - 1;
-        for (il, l) in m.weights.layers.iter().enumerate() {
-            attention::block(&b, il, l, &mut self.kv.layers[il], s);
-            b.add_residual(s);
-            // llama.cpp runs the last layer's feed-forward on the output rows only.
-            let ffn_rows = if il == last {
-                rows.outputs
-            } else {
-                rows.layers
-            };
-            ffn_block(&b, l, ffn_rows, s);
-            b.add_residual(s);
-        }
+        layers(&b, tokens, rows.outputs, &mut [&mut self.kv], &mut self.s);
         self.n_past += b.n;
+        self.kept = 0;
+        self.tokens.extend_from_slice(tokens);
     }
 }
 
-/// One micro-batch of a forward pass: what every block of it reads.
+/// Appends one token to each session (`tokens[i]` to `sessions[i]`) in one forward pass over
+/// the weights, and leaves each session's logits after it ([`Session::logits`]). Every output is
+/// the one [`Session::eval`] of that token alone would give, bit for bit: the rows go through
+/// the matmuls each in the order of a single row ([`Grouping::Alone`]), and each attends over its
+/// own cache. Uses the first session's scratch. Allocates nothing.
+pub fn decode_batch(
+    m: &Model,
+    sessions: &mut [&mut Session],
+    tokens: &[u32],
+) -> Result<(), ModelError> {
+    assert_eq!(sessions.len(), tokens.len(), "one token per session");
+    let n = tokens.len();
+    if n == 0 {
+        return Err(ModelError::EmptyInput);
+    }
+    assert!(n <= UBATCH, "at most {UBATCH} sessions in one batch");
+    let n_vocab = m.config.n_vocab;
+    for (session, &token) in sessions.iter().zip(tokens) {
+        if session.n_past + 1 > session.n_ctx {
+            return Err(ModelError::ContextFull {
+                n_ctx: session.n_ctx,
+                need: session.n_past + 1,
+            });
+        }
+        if token as usize >= n_vocab {
+            return Err(ModelError::BadToken { id: token, n_vocab });
+        }
+    }
+    let mut segments = [Segment {
+        row0: 0,
+        n: 1,
+        pos0: 0,
+        kept: 0,
+    }; UBATCH];
+    for (t, (seg, session)) in segments.iter_mut().zip(sessions.iter()).enumerate() {
+        *seg = Segment {
+            row0: t,
+            n: 1,
+            pos0: session.n_past,
+            kept: session.kept,
+        };
+    }
+    let (first, rest) = sessions.split_first_mut().expect("n > 0");
+    let s = &mut first.s;
+    let mut kvs: smallvec::SmallVec<[&mut KvCache; 8]> = std::iter::once(&mut first.kv)
+        .chain(rest.iter_mut().map(|r| &mut r.kv))
+        .collect();
+    let b = Batch {
+        m,
+        n,
+        n_ctx: first.n_ctx,
+        llama_rows: 1,
+        grouping: Grouping::Alone,
+        segments: &segments[..n],
+    };
+    layers(&b, tokens, 1, &mut kvs, s);
+    drop(kvs);
+    // The logits of every row, each into its own session's buffer.
+    let mut own = std::mem::take(&mut s.logits);
+    let rows = std::iter::once(&mut own[..]).chain(rest.iter_mut().map(|r| &mut r.s.logits[..]));
+    let outs = Outs::rows(rows, n_vocab);
+    logits(s, m, 0..n, outs, 1, Grouping::Alone);
+    s.logits = own;
+    for (session, &token) in sessions.iter_mut().zip(tokens) {
+        session.n_past += 1;
+        session.kept = 0;
+        session.tokens.push(token);
+    }
+    Ok(())
+}
+
+/// embed → RoPE tables → for each layer { attention block; FFN block }, leaving the final
+/// hidden states in `s.x`. `outputs`: the rows llama.cpp's last feed-forward sees.
+fn layers(b: &Batch, tokens: &[u32], outputs: usize, kvs: &mut [&mut KvCache], s: &mut Scratch) {
+    let m = b.m;
+    embed(b, tokens, s);
+    rope_tables(b, s);
+    let last = m.weights.layers.len() - 1;
+    for (il, l) in m.weights.layers.iter().enumerate() {
+        attention::block(b, il, l, kvs, s);
+        b.add_residual(s);
+        // llama.cpp runs the last layer's feed-forward on the output rows only.
+        let ffn_rows = if il == last { outputs } else { b.llama_rows };
+        ffn_block(b, l, ffn_rows, s);
+        b.add_residual(s);
+    }
+}
+
+/// A run of consecutive rows of a batch that belong to one session.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Segment {
+    /// The segment's first row in the batch.
+    pub row0: usize,
+    pub n: usize,
+    /// The session's position of that row.
+    pub pos0: usize,
+    /// Positions below this keep the keys and values they hold ([`Session::resume`]).
+    pub kept: usize,
+}
+
+/// How a matmul groups a batch's activation rows ([`matmul`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grouping {
+    /// As llama.cpp's matmul over its batch does (groups of 4): for parity with it.
+    Llama,
+    /// Each row as if it were alone (rows of different sessions), so that a batched row gives
+    /// what the same row evaluated by itself gives.
+    Alone,
+}
+
+/// One micro-batch of a forward pass: what every block of it reads. Its rows come in segments,
+/// one per session (a session's own evaluation has one).
 pub(super) struct Batch<'a> {
     pub m: &'a Model,
-    /// Tokens in the batch (at most [`UBATCH`]).
+    /// Rows in the batch (at most [`UBATCH`]).
     pub n: usize,
-    /// Position of its first token.
-    pub pos0: usize,
-    /// The session's context (the attention scratch's row length).
+    /// The sessions' context (the attention scratch's row length).
     pub n_ctx: usize,
     /// Activation rows llama.cpp's matmuls see for this batch ([`LlamaRows::layers`]).
     pub llama_rows: usize,
+    pub grouping: Grouping,
+    pub segments: &'a [Segment],
 }
 
 impl Batch<'_> {
@@ -179,15 +351,19 @@ impl Batch<'_> {
     pub fn matmul(&self, acts: &mut Acts, mat: &Mat, x: &[f32], out: &mut [f32], rows: usize) {
         let a = acts.get(mat.ty, x, self.n, mat.cols);
         let order = DotOrder::of(mat.ty, mat.rows, rows);
-        matmul(
-            &self.m.pool,
-            self.m.gguf.bytes(),
-            mat,
-            a,
-            self.n,
-            out,
-            order,
-        );
+        let file = self.m.gguf.bytes();
+        let outs = Outs::contiguous(out, self.n, mat.rows);
+        matmul(&self.m.pool, file, mat, a, outs, order, self.grouping);
+    }
+
+    /// The position of row `t`.
+    pub fn pos(&self, t: usize) -> usize {
+        let seg = self
+            .segments
+            .iter()
+            .find(|s| (s.row0..s.row0 + s.n).contains(&t))
+            .expect("every row is in a segment");
+        seg.pos0 + t - seg.row0
     }
 
     /// `out = rms_norm(x) * w` per token, over rows of `w.len()`.
@@ -236,7 +412,7 @@ fn rope_tables(b: &Batch, s: &mut Scratch) {
     let freqs = b.m.weights.rope_freqs.as_deref();
     let half = c.n_rot / 2;
     for t in 0..b.n {
-        let pos = b.pos0 + t;
+        let pos = b.pos(t);
         let at = t * half..(t + 1) * half;
         ops::rope_cache(
             pos,
@@ -271,13 +447,15 @@ fn ffn_block(b: &Batch, l: &Layer, rows: usize, s: &mut Scratch) {
 }
 
 /// Logits of tokens `ts` (at most [`UBATCH`]) of the last micro-batch, one row of `out` each, as
-/// llama.cpp's output matmul over `llama_rows` rows computes them.
+/// llama.cpp's output matmul over `llama_rows` rows computes them; with [`Grouping::Alone`],
+/// each as the logits of a one-row evaluation.
 fn logits(
     s: &mut Scratch,
     m: &Model,
     ts: std::ops::Range<usize>,
-    out: &mut [f32],
+    out: Outs,
     llama_rows: usize,
+    grouping: Grouping,
 ) {
     let c = &m.config;
     let d = c.n_embd;
@@ -295,12 +473,12 @@ fn logits(
     let a = s.acts.get(w.ty, &s.xn[..n * d], n, d);
     // The logits are no matmul's input: they may sum in any order (see DotOrder::Free). With
     // several rows (teacher forcing) llama.cpp's order is kept, as the diagnostics compare it.
-    let order = if n == 1 {
+    let order = if n == 1 || grouping == Grouping::Alone {
         DotOrder::Free
     } else {
         DotOrder::of(w.ty, w.rows, llama_rows)
     };
-    matmul(&m.pool, m.gguf.bytes(), w, a, n, out, order);
+    matmul(&m.pool, m.gguf.bytes(), w, a, out, order, grouping);
 }
 
 /// How many activation rows llama.cpp's matmuls see in the llama.cpp batch holding token `done`
@@ -322,5 +500,141 @@ fn llama_rows(n: usize, done: usize, all_logits: bool) -> LlamaRows {
     LlamaRows {
         layers: rows,
         outputs: if all_logits { rows } else { 1 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LoadOptions;
+
+    fn tokens(n: usize, seed: u32) -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| 4 + (i * 37 + seed * 11) % 500)
+            .collect()
+    }
+
+    /// Largest |Δ| between two logit rows.
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter()
+            .zip(b)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn a_rewound_session_continues_as_one_that_read_it_all() {
+        // The synthetic Gemma 3 has a sliding window of 8: its ring wraps many times here.
+        let m = Model::load(
+            &test_support::synth("synth-gemma3-q8_0.gguf"),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        let shared = tokens(200, 1);
+        let (old_tail, new_tail) = (tokens(60, 2), tokens(20, 3));
+        let mut fresh = m.new_session(512);
+        let whole = [&shared[..], &new_tail[..]].concat();
+        let expected = fresh.eval(&m, &whole).unwrap().to_vec();
+
+        let mut cached = m.new_session(512);
+        cached
+            .eval(&m, &[&shared[..], &old_tail[..]].concat())
+            .unwrap();
+        assert_eq!(cached.tokens().len(), 260);
+        // The prompt shares 200 tokens with the cache, 60 back from its end: within REWIND.
+        assert_eq!(cached.reusable(&m, &whole), 200);
+        assert_eq!(cached.resume(&m, &whole), 200);
+        let got = cached.eval(&m, &new_tail).unwrap();
+        // Only the float order of the matmuls differs (other groupings of rows).
+        let d = max_diff(got, &expected);
+        assert!(d <= 0.05, "logits differ by {d}");
+        assert_eq!(cached.tokens(), &whole[..]);
+
+        // All of a prompt but its last token, whose logits must be computed.
+        assert_eq!(cached.reusable(&m, &whole), whole.len() - 1);
+        // Rewound further than the ring allows, a sliding layer lacks what position 30 reads.
+        assert_eq!(cached.reusable(&m, &whole[..31]), 0);
+        cached.clear();
+        assert_eq!(cached.reusable(&m, &whole), 0);
+    }
+
+    #[test]
+    fn a_prompt_cached_whole_continues_exactly_as_the_first_time() {
+        // The default model, where a last-bit difference in one position's keys grows into
+        // logit changes of ~0.8 a token later (it flipped a greedy token here before `kept`).
+        let m = Model::load(
+            &test_support::default_model(),
+            &LoadOptions {
+                threads: 2,
+                mlock: false,
+            },
+        )
+        .unwrap();
+        let text = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n";
+        let prompt = m.tokenizer().encode(text, true, true);
+        let greedy =
+            |l: &[f32]| (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap() as u32;
+        let mut s = m.new_session(256);
+        let first = greedy(s.eval(&m, &prompt).unwrap());
+        let after_first = s.eval(&m, &[first]).unwrap().to_vec();
+        s.eval(&m, &[greedy(&after_first)]).unwrap();
+
+        assert_eq!(s.resume(&m, &prompt), prompt.len() - 1);
+        assert_eq!(
+            greedy(s.eval(&m, &prompt[prompt.len() - 1..]).unwrap()),
+            first
+        );
+        assert!(s.eval(&m, &[first]).unwrap() == &after_first[..]);
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use crate::model::LoadOptions;
+
+    #[test]
+    fn a_batch_of_sessions_gives_each_exactly_its_own_logits() {
+        // Q8_0 (vec_dot), Q4_0 (repacked order) and Q4_K_M (tiled and vec_dot) matrices.
+        for name in [
+            "synth-gemma3-q8_0.gguf",
+            "synth-llama-q4_0.gguf",
+            "synth-llama-q4_k_m.gguf",
+        ] {
+            let opts = LoadOptions {
+                threads: 2,
+                ..LoadOptions::default()
+            };
+            let m = Model::load(&test_support::synth(name), &opts).unwrap();
+            let prompts: [Vec<u32>; 3] = [
+                (5..40).collect(),
+                (100..103).collect(),
+                (7..77).rev().collect(),
+            ];
+            let next = [11u32, 12, 13];
+            let mut alone = Vec::new();
+            for (p, &t) in prompts.iter().zip(&next) {
+                let mut s = m.new_session(128);
+                s.eval(&m, p).unwrap();
+                alone.push(s.eval(&m, &[t]).unwrap().to_vec());
+            }
+            let mut sessions: Vec<Session> = prompts
+                .iter()
+                .map(|p| {
+                    let mut s = m.new_session(128);
+                    s.eval(&m, p).unwrap();
+                    s
+                })
+                .collect();
+            let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
+            decode_batch(&m, &mut refs, &next).unwrap();
+            for (i, (s, want)) in sessions.iter().zip(&alone).enumerate() {
+                assert!(s.logits() == &want[..], "{name}: session {i} differs");
+                assert_eq!(s.n_past(), prompts[i].len() + 1);
+            }
+            // And again, from where each now is.
+            let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
+            decode_batch(&m, &mut refs, &[1, 2, 3]).unwrap();
+        }
     }
 }

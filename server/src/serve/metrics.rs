@@ -54,10 +54,24 @@ impl Metrics {
         );
         metric(
             &mut out,
+            "llm_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens taken from a slot's cache instead of evaluated.",
+            engine.cached_prompt_tokens.load(Relaxed) as f64,
+        );
+        metric(
+            &mut out,
             "llm_generated_tokens_total",
             "counter",
             "Tokens generated.",
             engine.generated_tokens.load(Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "llm_decode_passes_total",
+            "counter",
+            "Forward passes over generated tokens; each takes one token of every slot generating at the time.",
+            engine.decode_passes.load(Relaxed) as f64,
         );
         metric(
             &mut out,

@@ -29,6 +29,7 @@ mod serve_load;
 mod serve_memory;
 mod serve_schemathesis;
 mod serve_security;
+mod serve_slots;
 mod serve_structured;
 mod serve_tls;
 mod tokenizer_bpe;

@@ -47,7 +47,17 @@ fn openai_python_sdk() {
     assert_eq!(v["model"], "gemma-3-270m-q4_k_m.gguf");
     // Greedy: streamed and plain answers are the same text.
     assert_eq!(v["chat"]["content"], v["chat_stream"]["content"]);
-    assert_eq!(v["chat"]["usage"], v["chat_stream"]["usage"]);
+    // The same counts, but the second request found its prompt in the slot's cache.
+    let (usage, streamed) = (&v["chat"]["usage"], &v["chat_stream"]["usage"]);
+    for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage[field], streamed[field], "{field}");
+    }
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+    let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        streamed["prompt_tokens_details"]["cached_tokens"],
+        prompt_tokens - 1
+    );
     assert_eq!(
         v["chat"]["finish_reason"],
         v["chat_stream"]["finish_reason"]

@@ -273,6 +273,9 @@ generation_request! {
     tools: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
     /// Chat: "auto", "none", "required" or `{"type": "function", "function": {"name": ...}}`.
     tool_choice: Option<ToolChoiceParam>,
+    /// llama-server's extension: `false` evaluates the whole prompt instead of reusing the
+    /// longest prefix a slot has cached.
+    cache_prompt: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -451,6 +454,7 @@ impl GenerationRequest {
             stop,
             constraint: None,
             logprobs: None,
+            cache_prompt: self.cache_prompt.unwrap_or(true),
         };
         let delivery = Delivery {
             stream: self.stream,
@@ -785,7 +789,7 @@ mod tests {
     /// Every parameter is read from the body: a value of the wrong type is refused by name.
     #[test]
     fn every_parameter_is_read() {
-        assert_eq!(GenerationRequest::FIELDS.len(), 21);
+        assert_eq!(GenerationRequest::FIELDS.len(), 22);
         for field in GenerationRequest::FIELDS {
             // `[[]]` is of no parameter's type.
             let body = format!(r#"{{"messages":[],"{field}":[[]]}}"#);

@@ -20,6 +20,14 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Taken from a slot's cache rather than evaluated.
+    pub cached_tokens: usize,
 }
 
 impl From<engine::Usage> for Usage {
@@ -28,6 +36,9 @@ impl From<engine::Usage> for Usage {
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
             total_tokens: usage.prompt_tokens + usage.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: usage.cached_tokens,
+            },
         }
     }
 }

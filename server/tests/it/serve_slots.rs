@@ -1,0 +1,176 @@
+//! Slots through the API with the tiny synthetic Gemma 3. The prompt cache: a slot keeps its
+//! conversation after a request, the next request that shares a prefix with it evaluates only the
+//! rest (`usage.prompt_tokens_details.cached_tokens`, `/metrics`), `cache_prompt: false` turns it
+//! off, and with two slots each conversation comes back to its own. Batching: slots generating
+//! at once share each pass over the weights and answer exactly as each would alone.
+
+use crate::serve_support::app::{App, AppConfig};
+use crate::serve_support::Requests;
+use llm_server::engine::Slots;
+use serde_json::{json, Value};
+
+fn chat(messages: Value) -> Value {
+    json!({"messages": messages, "max_tokens": 8, "temperature": 0})
+}
+
+fn ask(s: &App, body: &Value) -> Value {
+    let r = s.post_json("/v1/chat/completions", body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cached_tokens in {v}"))
+}
+
+fn prompt_tokens(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens"].as_u64().unwrap()
+}
+
+fn answer(v: &Value) -> &str {
+    v["choices"][0]["message"]["content"].as_str().unwrap()
+}
+
+#[test]
+fn a_repeated_request_evaluates_only_its_last_token() {
+    let s = App::start(AppConfig::default());
+    let body = chat(json!([{"role": "user", "content": "Tell me about the sea and the sky"}]));
+    let first = ask(&s, &body);
+    assert_eq!(cached(&first), 0, "nothing was cached yet");
+    let evaluated = s.metric("llm_prompt_tokens_total");
+    assert_eq!(evaluated, prompt_tokens(&first) as f64);
+
+    let second = ask(&s, &body);
+    let n = prompt_tokens(&second);
+    assert_eq!(n, prompt_tokens(&first));
+    assert_eq!(cached(&second), n - 1, "all but the last prompt token");
+    assert_eq!(s.metric("llm_prompt_tokens_total"), evaluated + 1.0);
+    assert_eq!(s.metric("llm_prompt_tokens_cached_total"), (n - 1) as f64);
+    assert_eq!(answer(&second), answer(&first), "greedy answers differ");
+
+    // Off for one request: everything is evaluated again, and the answer is the same.
+    let mut off = body.clone();
+    off["cache_prompt"] = json!(false);
+    let third = ask(&s, &off);
+    assert_eq!(cached(&third), 0);
+    assert_eq!(
+        s.metric("llm_prompt_tokens_total"),
+        evaluated + 1.0 + n as f64
+    );
+    assert_eq!(answer(&third), answer(&first));
+}
+
+#[test]
+fn the_next_turn_of_a_chat_reuses_the_whole_conversation() {
+    let s = App::start(AppConfig::default());
+    let mut messages = vec![
+        json!({"role": "system", "content": "Answer in one line."}),
+        json!({"role": "user", "content": "What is the capital of France?"}),
+    ];
+    let first = ask(&s, &chat(json!(messages)));
+    let reply = answer(&first).to_owned();
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "And of Spain?"}));
+    let second = ask(&s, &chat(json!(messages)));
+    // The first turn's prompt at least; its answer too where the text tokenizes back alike.
+    assert!(
+        cached(&second) >= prompt_tokens(&first),
+        "cached {} of {}, the first prompt had {}",
+        cached(&second),
+        prompt_tokens(&second),
+        prompt_tokens(&first)
+    );
+    let evaluated = prompt_tokens(&second) - cached(&second);
+    assert_eq!(
+        s.metric("llm_prompt_tokens_total"),
+        (prompt_tokens(&first) + evaluated) as f64
+    );
+}
+
+#[test]
+fn two_conversations_on_two_slots_each_keep_their_own() {
+    let s = App::start(AppConfig {
+        slots: Slots {
+            parallel: 2,
+            n_ctx: 512,
+            queue: 4,
+        },
+        ..AppConfig::default()
+    });
+    let a = chat(
+        json!([{"role": "user", "content": "Alpha alpha alpha, a long question about apples and pears"}]),
+    );
+    let b = chat(
+        json!([{"role": "user", "content": "Beta beta, another question entirely about rivers"}]),
+    );
+    ask(&s, &a);
+    ask(&s, &b);
+    // Each goes back to the slot holding it, though b was served last.
+    for body in [&a, &b, &a, &b] {
+        let v = ask(&s, body);
+        assert_eq!(cached(&v), prompt_tokens(&v) - 1, "{body}");
+    }
+}
+
+#[test]
+fn concurrent_requests_answer_exactly_as_alone() {
+    let s = App::start(AppConfig {
+        threads: 2,
+        slots: Slots {
+            parallel: 3,
+            n_ctx: 512,
+            queue: 4,
+        },
+        ..AppConfig::default()
+    });
+    // Prompts of different lengths, so one slot is still reading its prompt while another
+    // generates, and each generates at its own positions.
+    let bodies: Vec<Value> = [
+        "Hi",
+        "Write a long story about a lighthouse keeper and the storm that came in the night",
+        "Count: one two three four five six seven eight nine ten eleven twelve thirteen",
+    ]
+    .iter()
+    .map(|q| {
+        json!({"messages": [{"role": "user", "content": q}], "max_tokens": 40,
+               "temperature": 0, "cache_prompt": false})
+    })
+    .collect();
+    let alone: Vec<String> = bodies
+        .iter()
+        .map(|b| answer(&ask(&s, b)).to_owned())
+        .collect();
+    let pending: Vec<_> = bodies
+        .iter()
+        .map(|b| {
+            let body = b.to_string();
+            let headers = [("content-type", "application/json")];
+            s.spawn_request("POST", "/v1/chat/completions", &headers, body.as_bytes())
+        })
+        .collect();
+    let (tokens_before, passes_before) = (
+        s.metric("llm_generated_tokens_total"),
+        s.metric("llm_decode_passes_total"),
+    );
+    let mut generated = 0.0;
+    for ((p, want), body) in pending.into_iter().zip(&alone).zip(&bodies) {
+        let r = p.join();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(answer(&v), want, "{body}");
+        generated += v["usage"]["completion_tokens"].as_f64().unwrap();
+    }
+    assert_eq!(
+        s.metric("llm_generated_tokens_total") - tokens_before,
+        generated
+    );
+    // Each request's first token comes from its prompt's pass; the others from passes that
+    // the slots generating at the same time shared.
+    let passes = s.metric("llm_decode_passes_total") - passes_before;
+    assert!(
+        passes < generated - bodies.len() as f64,
+        "{passes} passes for {generated} tokens: the slots were not batched"
+    );
+}
