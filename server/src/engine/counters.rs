@@ -19,6 +19,9 @@ pub struct Counters {
     pub generated_tokens: AtomicU64,
     /// Forward passes that evaluated generated tokens, one of every slot generating at the time.
     pub decode_passes: AtomicU64,
+    /// Tokens drafted by prompt lookup and verified, and how many of them were taken.
+    pub drafted_tokens: AtomicU64,
+    pub accepted_tokens: AtomicU64,
     /// Time spent evaluating prompts.
     pub prefill_nanos: AtomicU64,
     /// Time spent evaluating generated tokens.

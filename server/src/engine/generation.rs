@@ -19,6 +19,9 @@ pub struct Generation {
     /// Start from the longest prefix of the prompt a slot's cache holds (llama-server's
     /// `cache_prompt`); false evaluates the whole prompt.
     pub cache_prompt: bool,
+    /// Draft tokens by prompt lookup and verify them in one pass, where that pays (the output
+    /// is the same either way).
+    pub speculative: bool,
 }
 
 /// Why a generation ended.

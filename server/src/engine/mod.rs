@@ -4,6 +4,7 @@
 
 pub mod chat_template;
 mod counters;
+mod draft;
 mod generation;
 mod job;
 mod scheduler;

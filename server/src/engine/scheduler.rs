@@ -18,12 +18,13 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use super::counters::Counters;
+use super::draft;
 use super::generation::{FinishReason, Usage};
 use super::job::{Event, Job, JobFailure, Refused};
 use super::stop::StopMatcher;
 use super::Slots;
 use crate::grammar::Constraint;
-use crate::model::{decode_batch, Model, Session, UBATCH};
+use crate::model::{decode_batch, Model, Session, MAX_DRAFT, UBATCH};
 use crate::sampler::{Candidate, Sampler, TokenLogprob};
 use crate::tokenizer::StreamDecoder;
 
@@ -185,6 +186,11 @@ struct Task {
     logprobs: Vec<TokenLogprob>,
     /// Why the round's batched evaluation failed for this task.
     failed: Option<JobFailure>,
+    /// What the round's pass evaluates: the last sampled token, then any draft after it.
+    input: SmallVec<[u32; 1 + MAX_DRAFT]>,
+    /// Draft tokens verified, and how many of them were taken.
+    drafted: usize,
+    accepted: usize,
 }
 
 fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
@@ -253,38 +259,50 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
         decode_round(model, counters, &mut slots);
         for slot in slots.iter_mut().filter(|s| s.decoding) {
             slot.decoding = false;
-            let step = slot.sample(model, counters);
+            let step = slot.verify(model, counters);
             slot.end_if_finished(step, shared, slot_count);
         }
     }
 }
 
-/// Evaluates the last sampled token of every slot marked `decoding`, in batches of up to
-/// [`UBATCH`] sessions; on an error every one of them fails.
+/// Evaluates the input (last sampled token and draft) of every slot marked `decoding`, as
+/// many slots per pass as [`UBATCH`] rows allow; on an error every slot of that pass fails.
 fn decode_round(model: &Model, counters: &Counters, slots: &mut [Slot]) {
     let started = Instant::now();
     let mut any = false;
-    for batch in slots.chunks_mut(UBATCH) {
-        let tokens: SmallVec<[u32; 8]> = batch
-            .iter()
-            .filter(|s| s.decoding)
-            .filter_map(|s| s.task.as_ref()?.history.last().copied())
-            .collect();
-        if tokens.is_empty() {
+    let mut rest = slots;
+    while !rest.is_empty() {
+        // The longest run of slots whose inputs fit in one pass.
+        let mut rows = 0;
+        let mut take = 0;
+        for slot in rest.iter() {
+            let n = slot.input_len();
+            if rows + n > UBATCH {
+                break;
+            }
+            rows += n;
+            take += 1;
+        }
+        let (batch, tail) = std::mem::take(&mut rest).split_at_mut(take.max(1));
+        rest = tail;
+        let mut sessions: SmallVec<[&mut Session; 8]> = SmallVec::new();
+        let mut inputs: SmallVec<[&[u32]; 8]> = SmallVec::new();
+        for slot in batch.iter_mut().filter(|s| s.decoding) {
+            let Slot { session, task, .. } = slot;
+            if let Some(task) = task.as_ref() {
+                sessions.push(session);
+                inputs.push(&task.input);
+            }
+        }
+        if inputs.is_empty() {
             continue;
         }
         any = true;
-        let mut sessions: SmallVec<[&mut Session; 8]> = batch
-            .iter_mut()
-            .filter(|s| s.decoding)
-            .map(|s| &mut s.session)
-            .collect();
-        let result = decode_batch(model, &mut sessions, &tokens);
+        let result = decode_batch(model, &mut sessions, &inputs);
         counters.decode_passes.fetch_add(1, Relaxed);
-        drop(sessions);
+        drop((sessions, inputs));
         if let Err(e) = result {
             for slot in batch.iter_mut().filter(|s| s.decoding) {
-                slot.decoding = false;
                 if let Some(task) = slot.task.as_mut() {
                     task.failed = Some(JobFailure::Engine(e.to_string()));
                 }
@@ -362,7 +380,29 @@ impl Task {
             text: String::new(),
             logprobs: Vec::new(),
             failed: None,
+            input: SmallVec::new(),
+            drafted: 0,
+            accepted: 0,
             job,
+        }
+    }
+
+    /// The next pass's input: the last sampled token and, where speculation is on and pays, the
+    /// tokens an n-gram lookup drafts after it, within the `room` left in the context and the
+    /// tokens left to generate.
+    fn prepare_input(&mut self, room: usize) {
+        let last = *self.history.last().expect("a prompt is never empty");
+        self.input.clear();
+        self.input.push(last);
+        let left = self.max_tokens.saturating_sub(self.generated + 1);
+        let max = left.min(room.saturating_sub(1));
+        // A constrained output tests each token against its grammar: drafting past that would
+        // need the grammar's state for every prefix.
+        let speculate = self.job.generation.speculative
+            && self.constraint.is_none()
+            && draft::worth_drafting(self.drafted, self.accepted);
+        if speculate {
+            self.input.extend(draft::ngram_draft(&self.history, max));
         }
     }
 
@@ -420,6 +460,7 @@ impl Slot {
             return Step::Finished(Some(Event::Failed(JobFailure::Timeout)));
         }
         if task.prefilled == task.prompt_len {
+            task.prepare_input(session.n_ctx() - session.n_past());
             self.decoding = true;
             return Step::Continue;
         }
@@ -438,6 +479,14 @@ impl Slot {
             return Step::Continue;
         }
         self.sample(model, counters)
+    }
+
+    /// Rows this slot puts in the round's pass.
+    fn input_len(&self) -> usize {
+        match &self.task {
+            Some(task) if self.decoding => task.input.len(),
+            _ => 0,
+        }
     }
 
     /// Frees the slot if `step` ended its task, and sends the task's last event.
@@ -462,9 +511,27 @@ impl Slot {
         }
     }
 
-    /// Samples the next token from the session's logits (after its prompt or its last token)
-    /// and sends its text.
+    /// Samples the first token from the logits after the prompt.
     fn sample(&mut self, model: &Model, counters: &Counters) -> Step {
+        let Slot { session, task, .. } = self;
+        let Some(task) = task.as_mut() else {
+            return Step::Continue;
+        };
+        task.take_token(
+            model,
+            counters,
+            session.logits(),
+            session.n_past(),
+            session.n_ctx(),
+        )
+    }
+
+    /// After the round's pass over `[last token, draft...]`: samples from the logits after each
+    /// row in turn while the sampled token is the drafted one, so every token is drawn from the
+    /// same distribution, with the same random numbers, as without a draft (a rejected draft
+    /// token is simply a different sample). The cache forgets the rows after the first
+    /// disagreement.
+    fn verify(&mut self, model: &Model, counters: &Counters) -> Step {
         let Slot { session, task, .. } = self;
         let Some(task) = task.as_mut() else {
             return Step::Continue;
@@ -472,7 +539,46 @@ impl Slot {
         if let Some(failure) = task.failed.take() {
             return Step::Finished(Some(Event::Failed(failure)));
         }
-        let logits = session.logits();
+        let drafted = task.input.len() - 1;
+        let start = session.n_past() - task.input.len();
+        let mut step = Step::Continue;
+        let mut rows = 0;
+        while rows <= drafted {
+            let n_past = start + rows + 1;
+            let logits = session.logits_row(rows);
+            step = task.take_token(model, counters, logits, n_past, session.n_ctx());
+            rows += 1;
+            let agreed = rows <= drafted && task.history.last() == Some(&task.input[rows]);
+            if !matches!(step, Step::Continue) || !agreed {
+                break;
+            }
+        }
+        // Rows past the first disagreement hold the keys of tokens that were not taken.
+        session.forget_from(start + rows);
+        let accepted = rows - 1;
+        task.drafted += drafted;
+        task.accepted += accepted;
+        counters.drafted_tokens.fetch_add(drafted as u64, Relaxed);
+        counters.accepted_tokens.fetch_add(accepted as u64, Relaxed);
+        step
+    }
+}
+
+impl Task {
+    /// Samples a token from `logits` (`n_past` positions in the cache, including the one they
+    /// follow), takes it into the output and sends its text.
+    fn take_token(
+        &mut self,
+        model: &Model,
+        counters: &Counters,
+        logits: &[f32],
+        n_past: usize,
+        n_ctx: usize,
+    ) -> Step {
+        let task = self;
+        if let Some(failure) = task.failed.take() {
+            return Step::Finished(Some(Event::Failed(failure)));
+        }
         let mask = match task.constraint.as_mut().map(Constraint::mask).transpose() {
             Ok(mask) => mask,
             Err(e) => {
@@ -529,7 +635,7 @@ impl Slot {
             return task.finish(FinishReason::Stop, false);
         }
         // The sampled token is evaluated at the next step, which needs a free cell.
-        if task.generated >= task.max_tokens || session.n_past() >= session.n_ctx() {
+        if task.generated >= task.max_tokens || n_past >= n_ctx {
             return task.finish(FinishReason::Length, false);
         }
         Step::Continue

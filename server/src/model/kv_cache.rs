@@ -26,6 +26,12 @@ pub const LLAMA_BATCH: usize = 512;
 /// `--swa-full`) would make any rewind possible but costs 8 MiB per layer at 8192 tokens.
 pub const REWIND: usize = 128;
 
+/// Drafted tokens a session verifies in one pass ([`decode_batch`](super::decode_batch)): its
+/// logits buffer holds one row more. A pass that rejects them is undone by a rewind, which
+/// [`REWIND`] must allow.
+pub const MAX_DRAFT: usize = 4;
+const _: () = assert!(MAX_DRAFT <= REWIND && MAX_DRAFT < UBATCH);
+
 pub struct LayerKv {
     pub k: Vec<f16>, // (cells, n_head_kv * head_dim)
     pub v: Vec<f16>, // (cells, n_head_kv * head_dim)

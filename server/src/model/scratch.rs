@@ -5,7 +5,7 @@
 
 use super::attention;
 use super::config::Config;
-use super::kv_cache::UBATCH;
+use super::kv_cache::{MAX_DRAFT, UBATCH};
 use super::matmul::Acts;
 use super::weights::Weights;
 
@@ -24,7 +24,7 @@ pub struct Scratch {
     pub o: Vec<f32>,              // (ubatch, n_embd) block output, before the residual
     pub gate: Vec<f32>,           // (ubatch, n_ff) gate, then act(gate) * up
     pub up: Vec<f32>,             // (ubatch, n_ff)
-    pub logits: Vec<f32>,         // (n_vocab) after the last token
+    pub logits: Vec<f32>,         // (1 + MAX_DRAFT, n_vocab) after the last token(s)
     pub scores: Vec<f32>,         // (threads, n_ctx + lanes) one query's scores
     pub qh: Vec<f32>,             // (threads, 1 + lanes, head_dim) f16 query, value lanes
     pub rope_global: Vec<CosSin>, // (ubatch, n_rot / 2) at the global base
@@ -66,7 +66,7 @@ impl ScratchLayout {
             o: b * c.n_embd,
             gate: b * c.n_ff,
             up: b * c.n_ff,
-            logits: c.n_vocab,
+            logits: (1 + MAX_DRAFT) * c.n_vocab,
             scores: threads * attention::score_row(n_ctx),
             qh: threads * attention::head_scratch(c.head_dim),
             rope_global: rope,

@@ -5,7 +5,7 @@
 
 use super::arch::Ffn;
 use super::attention;
-use super::kv_cache::{KvCache, LLAMA_BATCH, UBATCH};
+use super::kv_cache::{KvCache, LLAMA_BATCH, MAX_DRAFT, REWIND, UBATCH};
 use super::matmul::{matmul, Acts, Outs};
 use super::ops;
 use super::scratch::{Scratch, ScratchLayout};
@@ -61,7 +61,20 @@ impl Session {
 
     /// The logits after the last token evaluated.
     pub fn logits(&self) -> &[f32] {
-        &self.s.logits
+        self.logits_row(0)
+    }
+
+    /// The logits after row `i` of the last [`decode_batch`] input of this session.
+    pub fn logits_row(&self, i: usize) -> &[f32] {
+        let n = self.s.logits.len() / (1 + MAX_DRAFT);
+        &self.s.logits[i * n..(i + 1) * n]
+    }
+
+    /// Forgets every position from `n` on: what a pass over rejected draft tokens wrote
+    /// (within [`REWIND`] of the end, so a sliding window can resume there).
+    pub fn forget_from(&mut self, n: usize) {
+        debug_assert!(n + REWIND >= self.n_past);
+        self.truncate(n);
     }
 
     /// The tokens the cache holds, in order.
@@ -119,7 +132,7 @@ impl Session {
     /// Appends `tokens` at the current position and returns the logits after the last one.
     pub fn eval(&mut self, m: &Model, tokens: &[u32]) -> Result<&[f32], ModelError> {
         self.forward(m, tokens, None)?;
-        Ok(&self.s.logits)
+        Ok(self.logits())
     }
 
     /// Like [`Session::eval`], but computes the logits after every token and passes them to
@@ -220,49 +233,55 @@ impl Session {
     }
 }
 
-/// Appends one token to each session (`tokens[i]` to `sessions[i]`) in one forward pass over
-/// the weights, and leaves each session's logits after it ([`Session::logits`]). Every output is
-/// the one [`Session::eval`] of that token alone would give, bit for bit: the rows go through
+/// Appends `inputs[i]` (one token, or one and the tokens drafted after it: at most
+/// 1 + [`MAX_DRAFT`]) to `sessions[i]`, all in one forward pass over the weights, and leaves each
+/// session's logits after each of its tokens ([`Session::logits_row`]). Every output is the one
+/// [`Session::eval`] of those tokens one at a time would give, bit for bit: the rows go through
 /// the matmuls each in the order of a single row ([`Grouping::Alone`]), and each attends over its
 /// own cache. Uses the first session's scratch. Allocates nothing.
 pub fn decode_batch(
     m: &Model,
     sessions: &mut [&mut Session],
-    tokens: &[u32],
+    inputs: &[&[u32]],
 ) -> Result<(), ModelError> {
-    assert_eq!(sessions.len(), tokens.len(), "one token per session");
-    let n = tokens.len();
-    if n == 0 {
+    assert_eq!(sessions.len(), inputs.len(), "one input per session");
+    let n: usize = inputs.iter().map(|t| t.len()).sum();
+    if inputs.iter().any(|t| t.is_empty()) || n == 0 {
         return Err(ModelError::EmptyInput);
     }
-    assert!(n <= UBATCH, "at most {UBATCH} sessions in one batch");
+    assert!(n <= UBATCH, "at most {UBATCH} rows in one batch");
+    assert!(inputs.iter().all(|t| t.len() <= 1 + MAX_DRAFT));
     let n_vocab = m.config.n_vocab;
-    for (session, &token) in sessions.iter().zip(tokens) {
-        if session.n_past + 1 > session.n_ctx {
-            return Err(ModelError::ContextFull {
-                n_ctx: session.n_ctx,
-                need: session.n_past + 1,
-            });
-        }
-        if token as usize >= n_vocab {
-            return Err(ModelError::BadToken { id: token, n_vocab });
-        }
-    }
     let mut segments = [Segment {
         row0: 0,
         n: 1,
         pos0: 0,
         kept: 0,
     }; UBATCH];
-    for (t, (seg, session)) in segments.iter_mut().zip(sessions.iter()).enumerate() {
+    let mut tokens = [0u32; UBATCH];
+    let mut row = 0;
+    for ((seg, session), input) in segments.iter_mut().zip(sessions.iter()).zip(inputs) {
+        let need = session.n_past + input.len();
+        if need > session.n_ctx {
+            return Err(ModelError::ContextFull {
+                n_ctx: session.n_ctx,
+                need,
+            });
+        }
+        if let Some(&bad) = input.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(ModelError::BadToken { id: bad, n_vocab });
+        }
         *seg = Segment {
-            row0: t,
-            n: 1,
+            row0: row,
+            n: input.len(),
             pos0: session.n_past,
             kept: session.kept,
         };
+        tokens[row..row + input.len()].copy_from_slice(input);
+        row += input.len();
     }
-    let (first, rest) = sessions.split_first_mut().expect("n > 0");
+    let segments = &segments[..inputs.len()];
+    let (first, rest) = sessions.split_first_mut().expect("inputs are not empty");
     let s = &mut first.s;
     let mut kvs: smallvec::SmallVec<[&mut KvCache; 8]> = std::iter::once(&mut first.kv)
         .chain(rest.iter_mut().map(|r| &mut r.kv))
@@ -273,20 +292,22 @@ pub fn decode_batch(
         n_ctx: first.n_ctx,
         llama_rows: 1,
         grouping: Grouping::Alone,
-        segments: &segments[..n],
+        segments,
     };
-    layers(&b, tokens, 1, &mut kvs, s);
+    layers(&b, &tokens[..n], 1, &mut kvs, s);
     drop(kvs);
-    // The logits of every row, each into its own session's buffer.
+    // The logits of every row, each session's into its own buffer.
     let mut own = std::mem::take(&mut s.logits);
-    let rows = std::iter::once(&mut own[..]).chain(rest.iter_mut().map(|r| &mut r.s.logits[..]));
-    let outs = Outs::rows(rows, n_vocab);
-    logits(s, m, 0..n, outs, 1, Grouping::Alone);
+    let buffers = std::iter::once(&mut own[..]).chain(rest.iter_mut().map(|r| &mut r.s.logits[..]));
+    let rows = buffers
+        .zip(segments)
+        .flat_map(|(buf, seg)| buf.chunks_exact_mut(n_vocab).take(seg.n));
+    logits(s, m, 0..n, Outs::rows(rows, n_vocab), 1, Grouping::Alone);
     s.logits = own;
-    for (session, &token) in sessions.iter_mut().zip(tokens) {
-        session.n_past += 1;
+    for (session, input) in sessions.iter_mut().zip(inputs) {
+        session.n_past += input.len();
         session.kept = 0;
-        session.tokens.push(token);
+        session.tokens.extend_from_slice(input);
     }
     Ok(())
 }
@@ -627,14 +648,45 @@ mod batch_tests {
                 })
                 .collect();
             let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
-            decode_batch(&m, &mut refs, &next).unwrap();
+            let inputs: Vec<&[u32]> = next.iter().map(std::slice::from_ref).collect();
+            decode_batch(&m, &mut refs, &inputs).unwrap();
             for (i, (s, want)) in sessions.iter().zip(&alone).enumerate() {
                 assert!(s.logits() == &want[..], "{name}: session {i} differs");
                 assert_eq!(s.n_past(), prompts[i].len() + 1);
             }
             // And again, from where each now is.
             let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
-            decode_batch(&m, &mut refs, &[1, 2, 3]).unwrap();
+            decode_batch(&m, &mut refs, &[&[1], &[2, 3, 4], &[5, 6]]).unwrap();
+            assert_eq!(sessions[1].n_past(), prompts[1].len() + 4);
         }
+    }
+
+    #[test]
+    fn a_drafted_run_gives_the_logits_of_one_token_at_a_time() {
+        let m = Model::load(
+            &test_support::synth("synth-llama-q4_0.gguf"),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        let prompt: Vec<u32> = (20..60).collect();
+        let run = [7u32, 8, 9, 10, 11];
+        let mut one = m.new_session(128);
+        one.eval(&m, &prompt).unwrap();
+        let each: Vec<Vec<f32>> = run
+            .iter()
+            .map(|&t| one.eval(&m, &[t]).unwrap().to_vec())
+            .collect();
+        let mut drafted = m.new_session(128);
+        drafted.eval(&m, &prompt).unwrap();
+        let mut other = m.new_session(128);
+        other.eval(&m, &prompt[..9]).unwrap();
+        decode_batch(&m, &mut [&mut drafted, &mut other], &[&run, &[3]]).unwrap();
+        for (i, want) in each.iter().enumerate() {
+            assert!(drafted.logits_row(i) == &want[..], "row {i}");
+        }
+        // Two drafted tokens rejected: the cache goes back to what it held after the third.
+        drafted.forget_from(prompt.len() + 3);
+        assert_eq!(drafted.tokens(), &[&prompt[..], &run[..3]].concat()[..]);
+        assert!(drafted.eval(&m, &[run[3]]).unwrap() == &each[3][..]);
     }
 }

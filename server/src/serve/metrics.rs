@@ -75,6 +75,20 @@ impl Metrics {
         );
         metric(
             &mut out,
+            "llm_draft_tokens_total",
+            "counter",
+            "Tokens drafted by prompt lookup (speculative decoding) and verified.",
+            engine.drafted_tokens.load(Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "llm_draft_accepted_total",
+            "counter",
+            "Drafted tokens the model agreed with.",
+            engine.accepted_tokens.load(Relaxed) as f64,
+        );
+        metric(
+            &mut out,
             "llm_prefill_seconds_total",
             "counter",
             "Time spent evaluating prompts.",

@@ -2,7 +2,8 @@
 //! conversation after a request, the next request that shares a prefix with it evaluates only the
 //! rest (`usage.prompt_tokens_details.cached_tokens`, `/metrics`), `cache_prompt: false` turns it
 //! off, and with two slots each conversation comes back to its own. Batching: slots generating
-//! at once share each pass over the weights and answer exactly as each would alone.
+//! at once share each pass over the weights and answer exactly as each would alone. Speculative
+//! decoding: drafted tokens verified in one pass leave the output exactly as without them.
 
 use crate::serve_support::app::{App, AppConfig};
 use crate::serve_support::Requests;
@@ -172,5 +173,55 @@ fn concurrent_requests_answer_exactly_as_alone() {
     assert!(
         passes < generated - bodies.len() as f64,
         "{passes} passes for {generated} tokens: the slots were not batched"
+    );
+}
+
+/// The golden prompts (testdata/README.md) on the default model: prompt-lookup drafts are
+/// verified and taken where the text repeats itself, and the greedy text is the same as without.
+#[test]
+fn speculative_decoding_leaves_greedy_output_unchanged() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(test_support::testdata("gemma-3-270m-q4_k_m.golden.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let s = App::start(AppConfig {
+        model: test_support::default_model(),
+        threads: 2,
+        ..AppConfig::default()
+    });
+    let (mut generated, mut passes) = (0.0, 0.0);
+    for p in golden["prompts"].as_array().unwrap() {
+        let body = |speculative: bool| {
+            json!({"prompt": p["prompt_text"], "max_tokens": 32, "temperature": 0,
+                   "speculative": speculative, "cache_prompt": false})
+        };
+        let plain = s.post_json("/v1/completions", &body(false)).json();
+        let before = s.metric("llm_decode_passes_total");
+        let drafted = s.post_json("/v1/completions", &body(true)).json();
+        passes += s.metric("llm_decode_passes_total") - before;
+        generated += drafted["usage"]["completion_tokens"].as_f64().unwrap();
+        assert_eq!(
+            drafted["choices"][0]["text"], plain["choices"][0]["text"],
+            "{}",
+            p["name"]
+        );
+    }
+    // Sampled: each token is drawn from the logits after the tokens taken before it, with the
+    // same random numbers, so a seeded answer is the same too.
+    let sampled = |speculative: bool| {
+        let body = json!({"prompt": "Name one Linux command:", "max_tokens": 32,
+                          "temperature": 0.8, "seed": 7, "speculative": speculative});
+        s.post_json("/v1/completions", &body).json()["choices"][0]["text"].clone()
+    };
+    assert_eq!(sampled(true), sampled(false));
+    let accepted = s.metric("llm_draft_accepted_total");
+    assert!(accepted > 0.0, "no drafted token was ever taken");
+    assert!(s.metric("llm_draft_tokens_total") >= accepted);
+    // One pass per token after the first (or per token, the end token's included), less one
+    // for every drafted token taken.
+    assert!(
+        passes <= generated - accepted,
+        "{passes} passes for {generated} tokens with {accepted} drafted ones taken"
     );
 }

@@ -276,6 +276,9 @@ generation_request! {
     /// llama-server's extension: `false` evaluates the whole prompt instead of reusing the
     /// longest prefix a slot has cached.
     cache_prompt: Option<bool>,
+    /// `false` turns prompt-lookup speculative decoding off for this request (it changes
+    /// speed only, never the output).
+    speculative: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -455,6 +458,7 @@ impl GenerationRequest {
             constraint: None,
             logprobs: None,
             cache_prompt: self.cache_prompt.unwrap_or(true),
+            speculative: self.speculative.unwrap_or(true),
         };
         let delivery = Delivery {
             stream: self.stream,
@@ -789,7 +793,7 @@ mod tests {
     /// Every parameter is read from the body: a value of the wrong type is refused by name.
     #[test]
     fn every_parameter_is_read() {
-        assert_eq!(GenerationRequest::FIELDS.len(), 22);
+        assert_eq!(GenerationRequest::FIELDS.len(), 23);
         for field in GenerationRequest::FIELDS {
             // `[[]]` is of no parameter's type.
             let body = format!(r#"{{"messages":[],"{field}":[[]]}}"#);
