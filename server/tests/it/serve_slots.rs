@@ -6,9 +6,10 @@
 //! decoding: drafted tokens verified in one pass leave the output exactly as without them.
 
 use crate::serve_support::app::{App, AppConfig};
-use crate::serve_support::Requests;
+use crate::serve_support::{Requests, Server};
 use llm_server::engine::Slots;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 fn chat(messages: Value) -> Value {
     json!({"messages": messages, "max_tokens": 8, "temperature": 0})
@@ -223,5 +224,40 @@ fn speculative_decoding_leaves_greedy_output_unchanged() {
     assert!(
         passes <= generated - accepted,
         "{passes} passes for {generated} tokens with {accepted} drafted ones taken"
+    );
+}
+
+/// CPU time (user + system) of every thread of process `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces, so split after its ')'): utime
+    // and stime are the 14th and 15th of the line, the 12th and 13th after the name.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// An idle server burns no CPU: the decode thread waits on its condition variable and the
+/// forward pass's workers park after a request (they spin only ~200 µs between dispatches).
+#[test]
+fn an_idle_server_uses_no_cpu() {
+    let s = Server::start(
+        &test_support::default_model(),
+        &["--threads", "2", "--parallel", "2"],
+    );
+    let body = json!({"prompt": "Hello", "max_tokens": 8, "temperature": 0});
+    assert_eq!(s.post_json("/v1/completions", &body).status, 200);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_ticks(s.pid());
+    let idle = Duration::from_secs(30);
+    std::thread::sleep(idle);
+    let used = cpu_ticks(s.pid()) - before;
+    // Clock ticks are 1/100 s on Linux (USER_HZ): 1 % of 30 s is 30 ticks.
+    // SAFETY: sysconf reads a constant of the system.
+    let ticks_per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let limit = idle.as_secs() * ticks_per_s / 100;
+    assert!(
+        used <= limit,
+        "{used} ticks of CPU in {idle:?} idle (limit {limit}, 1 %)"
     );
 }
