@@ -71,8 +71,8 @@ impl Weight for Iq4Xs {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
-    use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
+    use crate::quant::format::Kernels;
+    use crate::quant::simd::super_block::{scaled_dot, scaled_dot_n, ScaledBlock};
     use crate::quant::simd::{iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
     use crate::quant::DotOrder;
 
@@ -82,17 +82,27 @@ avx2! {
             self.d
         }
 
-        /// `Σ_s (ls_s-32)·(v·a)_s` (even and odd sub-blocks in two accumulators, as ggml has
-        /// them; integer, so only the lanes matter); sub-block s reads qs[16s..16s+16].
         #[inline(always)]
         unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
+            let [s] = self.sumi_n([y]);
+            s
+        }
+    }
+
+    impl BlockIq4Xs {
+        /// `Σ_s (ls_s-32)·(v·a)_s` against `N` activation super-blocks (integer, so only the
+        /// lanes matter); sub-block s reads qs[16s..16s+16], looked up once for all `N`.
+        #[inline(always)]
+        unsafe fn sumi_n<const N: usize>(&self, y: [&BlockQ8K; N]) -> [__m256i; N] {
             let grid = iq4nl_grid();
-            let mut sumi = _mm256_setzero_si256();
+            let mut sumi = [_mm256_setzero_si256(); N];
             for s in 0..8 {
                 let q = _mm256_shuffle_epi8(grid, nibbles_32(self.qs.as_ptr().add(16 * s)));
-                let act = load256(y.qs.as_ptr().add(32 * s).cast());
                 let scale = _mm256_set1_epi16(self.scale(s) as i16);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(mul_i8_pairs(q, act), scale));
+                for (sumi, y) in sumi.iter_mut().zip(y) {
+                    let act = load256(y.qs.as_ptr().add(32 * s).cast());
+                    *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(mul_i8_pairs(q, act), scale));
+                }
             }
             sumi
         }
@@ -108,7 +118,14 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockIq4Xs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            Self::dot_n(w, a, order)
+        }
+
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockIq4Xs], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+            // the caller).
+            unsafe { scaled_dot_n(w, a, order, |b, y| b.sumi_n(y)) }
         }
     }
 }
