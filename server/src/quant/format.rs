@@ -81,9 +81,10 @@ pub trait Kernels: Weight {
     /// is bit-identical to [`Kernels::dot`]; repacked, it follows llama.cpp's gemm, which may
     /// sum in another order than its gemv.
     fn dot_x4(w: &[Self::Block], a: [&[ActBlock<Self>]; 4], order: DotOrder) -> [f32; 4];
-    /// Four weight rows (of equal length) against one activation row: decode's mat-vec in
-    /// [`DotOrder::Free`], the only order it is called in. A format that overrides it shares
-    /// the activation's loads over the rows and sums in its own float order.
+    /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
+    /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
+    /// other order each result must be bit-identical to [`Kernels::dot`] (so a format shares
+    /// the activation's loads and the rows' scale conversions, but keeps each row's chain).
     #[inline(always)]
     fn dot_4rows(w: [&[Self::Block]; 4], a: &[ActBlock<Self>], order: DotOrder) -> [f32; 4] {
         w.map(|w| Self::dot(w, a, order))

@@ -206,38 +206,26 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
     // One loop per order, so the kernel's choice of order is made outside it.
     with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_of::<W>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
-        DotOrder::Tiled => rows_of::<W>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
-        DotOrder::Repacked => rows_of::<W>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
-        DotOrder::Free => rows_4_of::<W>(row_bytes, rows, blocks(act), out),
+        DotOrder::VecDot => rows_4_of::<W>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
+        DotOrder::Tiled => rows_4_of::<W>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
+        DotOrder::Repacked => rows_4_of::<W>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
+        DotOrder::Free => rows_4_of::<W>(DotOrder::Free, row_bytes, rows, blocks(act), out),
     })
 }
 
+/// The rows of [`dot_rows`], four at a time through the format's four-row kernel
+/// ([`Kernels::dot_4rows`]), which shares the activation's loads; the last `len % 4` rows one by
+/// one. In [`DotOrder::Free`] a row's result depends on its index only, not on how a matmul
+/// splits the rows, as long as the split is into multiples of four; in the other orders every
+/// row is its own [`Kernels::dot`].
 #[inline(always)]
-fn rows_of<W: Kernels>(
+fn rows_4_of<W: Kernels>(
     order: DotOrder,
     row_bytes: usize,
     rows: &[u8],
     act: &[ActBlock<W>],
     out: &mut [f32],
 ) {
-    for (i, (row, o)) in rows.chunks_exact(row_bytes).zip(out.iter_mut()).enumerate() {
-        if let Some(ahead) =
-            rows.get((i + PREFETCH_ROWS) * row_bytes..(i + PREFETCH_ROWS + 1) * row_bytes)
-        {
-            prefetch(ahead);
-        }
-        *o = W::dot(blocks(row), act, order);
-    }
-}
-
-/// [`rows_of`] in [`DotOrder::Free`]: four rows at a time through the format's four-row kernel,
-/// which shares the activation's loads; the last `len % 4` rows one by one. A row's result
-/// depends on its index only, not on how a matmul splits the rows, as long as the split is
-/// into multiples of four.
-#[inline(always)]
-fn rows_4_of<W: Kernels>(row_bytes: usize, rows: &[u8], act: &[ActBlock<W>], out: &mut [f32]) {
-    let order = DotOrder::Free;
     let quads = rows.chunks_exact(4 * row_bytes);
     let rest = quads.remainder();
     let mut outs = out.chunks_exact_mut(4);
@@ -392,7 +380,8 @@ fn rows_n_in<W: Kernels, const N: usize>(
     }
 }
 
-/// [`rows_of`] for `N` activation rows.
+/// [`dot_rows`]'s loop in the orders other than free for `N` activation rows, row by row (each
+/// row's results are its [`Kernels::dot`]s, as [`rows_4_of`]'s are).
 #[inline(always)]
 fn rows_n_of<W: Kernels, const N: usize>(
     order: DotOrder,
@@ -413,8 +402,8 @@ fn rows_n_of<W: Kernels, const N: usize>(
     }
 }
 
-/// [`rows_4_of`] for `N` activation rows: the same quads of weight rows, so each output is the
-/// one a single-row call computes.
+/// [`rows_4_of`] in the free order for `N` activation rows: the same quads of weight rows, so
+/// each output is the one a single-row call computes.
 #[inline(always)]
 fn rows_4_n_of<W: Kernels, const N: usize>(
     row_bytes: usize,

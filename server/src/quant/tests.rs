@@ -158,6 +158,27 @@ proptest! {
         }
     }
 
+    /// `dot_rows` in the orders that keep llama.cpp's (vec_dot, tiled, repacked) over 1..=9 rows:
+    /// the four-row kernels and the rows left over both give every row its own `vec_dot`, bit for
+    /// bit.
+    #[test]
+    fn ordered_dot_rows_of_any_row_count_equal_vec_dot_bit_for_bit(seed in any::<u64>(), n_rows in 1usize..=9, blocks in 1usize..=5) {
+        let mut rng = Rng(seed);
+        for w in WEIGHT_TYPES {
+            let n = blocks * w.block_len().max(vec_dot_type(w).block_len());
+            let rows: Vec<Vec<u8>> = (0..n_rows).map(|_| random_weights(w, n, &mut rng)).collect();
+            let act = quantized(w, &random_activations(n, &mut rng));
+            for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked] {
+                let mut out = vec![f32::NAN; n_rows];
+                dot_rows(w, order, n, &rows.concat(), &act, &mut out);
+                for (r, row) in rows.iter().enumerate() {
+                    let one = vec_dot(w, order, n, row, &act);
+                    prop_assert_eq!(out[r].to_bits(), one.to_bits(), "{} {:?} row {} of {}", w, order, r, n_rows);
+                }
+            }
+        }
+    }
+
     #[test]
     fn dot_rows_and_dot_rows_x4_equal_vec_dot_bit_for_bit(seed in any::<u64>()) {
         let mut rng = Rng(seed);
@@ -222,13 +243,14 @@ proptest! {
         let mut rng = Rng(seed);
         for w in repacked_types() {
             let n = 512;
-            let rows: Vec<Vec<u8>> = (0..3).map(|_| random_weights(w, n, &mut rng)).collect();
+            // Five rows: one through the four-row kernels, one alone.
+            let rows: Vec<Vec<u8>> = (0..5).map(|_| random_weights(w, n, &mut rng)).collect();
             let all_rows = rows.concat();
             let acts: Vec<Vec<u8>> =
                 (0..4).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
-            let mut single = [0f32; 3];
+            let mut single = [0f32; 5];
             dot_rows(w, DotOrder::Repacked, n, &all_rows, &acts[0], &mut single);
-            let mut outs = [[0f32; 3]; 4];
+            let mut outs = [[0f32; 5]; 4];
             let [o0, o1, o2, o3] = &mut outs;
             let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
             dot_rows_x4(w, DotOrder::Repacked, n, &all_rows, acts4, [o0, o1, o2, o3]);

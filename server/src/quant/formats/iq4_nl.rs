@@ -86,6 +86,16 @@ avx2! {
             }
         }
 
+        /// Repacked, [`block32::repacked_4rows`]; otherwise four [`Kernels::dot`]s.
+        #[inline]
+        fn dot_4rows(w: [&[BlockIq4Nl]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
+            match order {
+                // SAFETY: as in `dot`; the kernel checks the rows' lengths.
+                DotOrder::Repacked => unsafe { block32::repacked_4rows(w, a) },
+                _ => w.map(|w| Self::dot(w, a, order)),
+            }
+        }
+
         #[inline]
         fn dot_n<const N: usize>(w: &[BlockIq4Nl], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
             // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by

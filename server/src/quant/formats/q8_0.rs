@@ -89,9 +89,14 @@ avx2! {
         }
 
         #[inline]
-        fn dot_4rows(w: [&[BlockQ8_0]; 4], a: &[BlockQ8_0], _order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows(w, a) }
+        fn dot_4rows(w: [&[BlockQ8_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot`; the kernels check the rows' lengths.
+            unsafe {
+                match order {
+                    DotOrder::Free => block32::vec_dot_4rows(w, a),
+                    _ => block32::vec_dot_4rows_exact(w, a),
+                }
+            }
         }
 
         #[inline]

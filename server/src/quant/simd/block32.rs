@@ -60,6 +60,58 @@ pub unsafe fn vec_dot_n<B: SignedBlock32, const N: usize>(
     acc.map(|v| hsum(v))
 }
 
+/// The four rows' `d_w·d_a` of one block, lane r for row r: one conversion and one multiply for
+/// four rows, each lane the product the single-row kernels form.
+#[inline(always)]
+unsafe fn scales_4rows<B: SignedBlock32>(b: [&B; 4], d_a: f32) -> __m128 {
+    let d = b.map(|b| i16::from_le_bytes(b.d()));
+    let d_w = _mm_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], 0, 0, 0, 0));
+    _mm_mul_ps(d_w, _mm_set1_ps(d_a))
+}
+
+/// [`vec_dot`] of four weight rows against one activation row, each row's result bit-identical
+/// to its own [`vec_dot`] (its own eight-lane chain, the same FMAs): the activation block is
+/// loaded and its scale converted once for four rows, and the four `d_w·d_a` come from one
+/// conversion and one multiply.
+#[inline(always)]
+pub unsafe fn vec_dot_4rows_exact<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    let n = a.len();
+    assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    let lane = [0, 1, 2, 3].map(|r| _mm256_set1_epi32(r));
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, ab) in a.iter().enumerate() {
+        // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+        let b = w.map(|w| w.get_unchecked(i));
+        let aq = load256(ab.qs.as_ptr().cast());
+        let d = _mm256_castps128_ps256(scales_4rows(b, f16_to_f32(ab.d)));
+        for r in 0..4 {
+            let sumi = dot_i8_quads(b[r].quants(), aq);
+            let d_r = _mm256_permutevar8x32_ps(d, lane[r]);
+            acc[r] = _mm256_fmadd_ps(d_r, _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    acc.map(|v| hsum(v))
+}
+
+/// [`repacked`] of four weight rows against one activation row, each row's chain bit-identical
+/// to its own [`repacked`]: lane r of one accumulator is row r's chain, so the four integer sums
+/// are reduced together ([`hsum_i32_x4`]) and the four FMAs are one.
+#[inline(always)]
+pub unsafe fn repacked_4rows<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    let n = a.len();
+    assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    let mut acc = _mm_setzero_ps();
+    for (i, ab) in a.iter().enumerate() {
+        // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+        let b = w.map(|w| w.get_unchecked(i));
+        let aq = load256(ab.qs.as_ptr().cast());
+        let sums = hsum_i32_x4(b.map(|b| dot_i8_quads(b.quants(), aq)));
+        let d = scales_4rows(b, f16_to_f32(ab.d));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), d, acc);
+    }
+    lanes(acc)
+}
+
 /// Four weight rows against one activation row (decode's mat-vec), not in llama.cpp's order: per
 /// block the four rows' integer dots are folded by horizontal adds into one vector (rows 0..4 of
 /// the block's first half, then of its second), scaled by the four `d_w·d_a` in one multiply and

@@ -29,7 +29,7 @@ pub trait ScaledBlock {
 
 /// Shuffle mask that broadcasts i16 lane `k` of each 128-bit half.
 #[inline(always)]
-unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
+pub unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
     _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k))
 }
 
