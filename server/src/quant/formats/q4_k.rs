@@ -59,7 +59,7 @@ avx2! {
     use crate::quant::format::Kernels;
     use crate::quant::simd::super_block::{
         k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n, k4_scaled_sum_of, k4_scales_mins,
-        K4Block, LaneMins,
+        k4_sub_sums, K4Block, LaneMins,
     };
     use crate::quant::simd::{fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256};
     use crate::quant::DotOrder;
@@ -112,6 +112,16 @@ avx2! {
             }
         }
 
+        /// Repacked, [`gemv_4rows`]; otherwise four [`Kernels::dot`]s.
+        #[inline]
+        fn dot_4rows(w: [&[BlockQ4K]; 4], a: &[BlockQ8K], order: DotOrder) -> [f32; 4] {
+            match order {
+                // SAFETY: as in `dot_x4`; the kernel checks the rows' lengths.
+                DotOrder::Repacked => unsafe { gemv_4rows(w, a) },
+                _ => w.map(|w| Self::dot(w, a, order)),
+            }
+        }
+
         #[inline]
         fn dot_n<const N: usize>(w: &[BlockQ4K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
             // SAFETY: as in `dot_x4`.
@@ -144,6 +154,38 @@ avx2! {
             }
         }
         std::array::from_fn(|t| acc[t] - acc_min[t])
+    }
+
+    /// [`gemv_n`] of four weight rows against one activation row, each row's two chains
+    /// bit-identical to its own gemv: lane r of the accumulators is row r's, so the four rows'
+    /// integer sums are reduced together and each super-block takes two vector FMAs for all
+    /// four; the activation's sub-block sums and scale are taken once.
+    #[inline(always)]
+    unsafe fn gemv_4rows(w: [&[BlockQ4K]; 4], a: &[BlockQ8K]) -> [f32; 4] {
+        let n = a.len();
+        assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+        let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
+        for (i, y) in a.iter().enumerate() {
+            // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+            let b = w.map(|w| w.get_unchecked(i));
+            let sub_sums = k4_sub_sums(y);
+            let mut sums = [_mm256_setzero_si256(); 4];
+            let mut mins = [_mm_setzero_si128(); 4];
+            for r in 0..4 {
+                let (scales, m) = k4_scales_mins(b[r]);
+                sums[r] = k4_scaled_sum_of(scales, y, &k4_chunks(b[r]));
+                mins[r] = _mm_madd_epi16(m, sub_sums);
+            }
+            let mins = _mm_hadd_epi32(_mm_hadd_epi32(mins[0], mins[1]), _mm_hadd_epi32(mins[2], mins[3]));
+            let d_a = _mm_set1_ps(y.d());
+            let f16x4 = |f: fn(&BlockQ4K) -> [u8; 2]| {
+                let h = b.map(|b| i16::from_le_bytes(f(b)));
+                _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], 0, 0, 0, 0)), d_a)
+            };
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(sums)), f16x4(|b| b.d), acc);
+            acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), f16x4(|b| b.dmin), acc_min);
+        }
+        lanes(_mm_sub_ps(acc, acc_min))
     }
 
     /// The repacked order for four activation rows, as `ggml_gemm_q4_K_8x8_q8_K`, which (unlike

@@ -73,12 +73,18 @@ pub unsafe fn k4_scales_mins(b: &impl K4Block) -> (__m256i, __m128i) {
 /// activation sum over sub-block s: the integers the kernels scale by dmin.
 #[inline(always)]
 pub unsafe fn k4_chunk_min_sums(mins: __m128i, a: &BlockQ8K) -> __m128i {
+    _mm_madd_epi16(mins, k4_sub_sums(a))
+}
+
+/// The activation's sums over its eight 32-value sub-blocks, as i16 (the pairs of its 16-value
+/// `bsums` added): what [`k4_chunk_min_sums`] multiplies the mins by.
+#[inline(always)]
+pub unsafe fn k4_sub_sums(a: &BlockQ8K) -> __m128i {
     let bsums = load256(a.bsums.as_ptr());
-    let sub_sums = _mm_hadd_epi16(
+    _mm_hadd_epi16(
         _mm256_castsi256_si128(bsums),
         _mm256_extracti128_si256(bsums, 1),
-    );
-    _mm_madd_epi16(mins, sub_sums)
+    )
 }
 
 /// `scale_2c·(q·a)_2c + scale_2c+1·(q·a)_2c+1` as eight i32 partial sums: chunk c (64 values)
