@@ -81,12 +81,38 @@ pub trait Kernels: Weight {
     /// is bit-identical to [`Kernels::dot`]; repacked, it follows llama.cpp's gemm, which may
     /// sum in another order than its gemv.
     fn dot_x4(w: &[Self::Block], a: [&[ActBlock<Self>]; 4], order: DotOrder) -> [f32; 4];
-    /// Four weight rows (of equal length) against one activation row: decode's mat-vec in
-    /// [`DotOrder::Free`], the only order it is called in. A format that overrides it shares
-    /// the activation's loads over the rows and sums in its own float order.
+    /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
+    /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
+    /// other order each result must be bit-identical to [`Kernels::dot`] (so a format shares
+    /// the activation's loads and the rows' scale conversions, but keeps each row's chain).
     #[inline(always)]
     fn dot_4rows(w: [&[Self::Block]; 4], a: &[ActBlock<Self>], order: DotOrder) -> [f32; 4] {
         w.map(|w| Self::dot(w, a, order))
+    }
+    /// One weight row against `N` (2..=4) activation rows, result t bit-identical to
+    /// `dot(w, a[t], order)` in every order: what [`dot_rows_multi`](super::dot_rows_multi)
+    /// runs. A format that overrides it unpacks each weight block once for all `N` rows and
+    /// keeps one accumulator per row that sees exactly the single-row operations.
+    #[inline(always)]
+    fn dot_n<const N: usize>(
+        w: &[Self::Block],
+        a: [&[ActBlock<Self>]; N],
+        order: DotOrder,
+    ) -> [f32; N] {
+        a.map(|a| Self::dot(w, a, order))
+    }
+    /// Four weight rows against `N` activation rows, `result[t]` bit-identical to
+    /// `dot_4rows(w, a[t], order)` ([`DotOrder::Free`] only). The default is right for a format
+    /// whose `dot_4rows` is the default (four dots); one that overrides `dot_4rows` must
+    /// override this too (the property tests hold every format to it).
+    #[inline(always)]
+    fn dot_4rows_n<const N: usize>(
+        w: [&[Self::Block]; 4],
+        a: [&[ActBlock<Self>]; N],
+        order: DotOrder,
+    ) -> [[f32; 4]; N] {
+        let per_row = w.map(|w| Self::dot_n(w, a, order));
+        std::array::from_fn(|t| per_row.map(|r| r[t]))
     }
 }
 

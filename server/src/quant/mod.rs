@@ -206,38 +206,26 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
     // One loop per order, so the kernel's choice of order is made outside it.
     with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_of::<W>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
-        DotOrder::Tiled => rows_of::<W>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
-        DotOrder::Repacked => rows_of::<W>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
-        DotOrder::Free => rows_4_of::<W>(row_bytes, rows, blocks(act), out),
+        DotOrder::VecDot => rows_4_of::<W>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
+        DotOrder::Tiled => rows_4_of::<W>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
+        DotOrder::Repacked => rows_4_of::<W>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
+        DotOrder::Free => rows_4_of::<W>(DotOrder::Free, row_bytes, rows, blocks(act), out),
     })
 }
 
+/// The rows of [`dot_rows`], four at a time through the format's four-row kernel
+/// ([`Kernels::dot_4rows`]), which shares the activation's loads; the last `len % 4` rows one by
+/// one. In [`DotOrder::Free`] a row's result depends on its index only, not on how a matmul
+/// splits the rows, as long as the split is into multiples of four; in the other orders every
+/// row is its own [`Kernels::dot`].
 #[inline(always)]
-fn rows_of<W: Kernels>(
+fn rows_4_of<W: Kernels>(
     order: DotOrder,
     row_bytes: usize,
     rows: &[u8],
     act: &[ActBlock<W>],
     out: &mut [f32],
 ) {
-    for (i, (row, o)) in rows.chunks_exact(row_bytes).zip(out.iter_mut()).enumerate() {
-        if let Some(ahead) =
-            rows.get((i + PREFETCH_ROWS) * row_bytes..(i + PREFETCH_ROWS + 1) * row_bytes)
-        {
-            prefetch(ahead);
-        }
-        *o = W::dot(blocks(row), act, order);
-    }
-}
-
-/// [`rows_of`] in [`DotOrder::Free`]: four rows at a time through the format's four-row kernel,
-/// which shares the activation's loads; the last `len % 4` rows one by one. A row's result
-/// depends on its index only, not on how a matmul splits the rows, as long as the split is
-/// into multiples of four.
-#[inline(always)]
-fn rows_4_of<W: Kernels>(row_bytes: usize, rows: &[u8], act: &[ActBlock<W>], out: &mut [f32]) {
-    let order = DotOrder::Free;
     let quads = rows.chunks_exact(4 * row_bytes);
     let rest = quads.remainder();
     let mut outs = out.chunks_exact_mut(4);
@@ -323,6 +311,126 @@ fn rows_x4_of<W: Kernels>(
     let [o0, o1, o2, o3] = outs;
     for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
         [o0[i], o1[i], o2[i], o3[i]] = W::dot_x4(blocks(row), acts, order);
+    }
+}
+
+/// [`dot_rows`] for several activation rows at once (a batch of decode streams, or the tokens a
+/// speculative step verifies): `outs[t][i]` = row i · `acts[t]`, **bit-identical** to
+/// `dot_rows(w, order, n, rows, acts[t], outs[t])` for every t and every order, so a stream's
+/// results do not depend on what it is batched with. Activation rows go in groups of up to
+/// four; in each group every weight block is read and unpacked once for all of them (by
+/// [`Kernels::dot_n`] and [`Kernels::dot_4rows_n`] where the format has its own, by one
+/// [`Kernels::dot`] per row elsewhere), which is what makes a second stream cheap.
+///
+/// Panics when `acts` and `outs` differ in length or a row does not hold `n` values (a caller
+/// bug, as for [`dot_rows`]).
+pub fn dot_rows_multi(
+    w: GgmlType,
+    order: DotOrder,
+    n: usize,
+    rows: &[u8],
+    acts: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(
+        acts.len(),
+        outs.len(),
+        "dot_rows_multi: {} activation rows but {} outputs",
+        acts.len(),
+        outs.len()
+    );
+    let n_rows = outs.first().map_or(0, |o| o.len());
+    let row_bytes = w
+        .row_bytes(n)
+        .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
+    let Some(row_bytes) = row_bytes else {
+        panic!(
+            "dot_rows_multi: {} bytes are not {n_rows} {w} rows of {n} values",
+            rows.len()
+        );
+    };
+    for a in acts {
+        check_row_len("dot_rows_multi (activations)", vec_dot_type(w), n, a.len());
+    }
+    for (acts, outs) in acts.chunks(4).zip(outs.chunks_mut(4)) {
+        with_weight!(w, W => match acts.len() {
+            1 => dot_rows(w, order, n, rows, acts[0], outs[0]),
+            2 => rows_n_in::<W, 2>(order, row_bytes, rows, acts, outs),
+            3 => rows_n_in::<W, 3>(order, row_bytes, rows, acts, outs),
+            _ => rows_n_in::<W, 4>(order, row_bytes, rows, acts, outs),
+        })
+    }
+}
+
+/// One group of [`dot_rows_multi`], the order chosen outside the loops as in [`dot_rows`].
+#[inline(always)]
+fn rows_n_in<W: Kernels, const N: usize>(
+    order: DotOrder,
+    row_bytes: usize,
+    rows: &[u8],
+    acts: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) {
+    let acts: [&[ActBlock<W>]; N] = std::array::from_fn(|t| blocks(acts[t]));
+    match order {
+        DotOrder::VecDot => rows_n_of::<W, N>(DotOrder::VecDot, row_bytes, rows, acts, outs),
+        DotOrder::Tiled => rows_n_of::<W, N>(DotOrder::Tiled, row_bytes, rows, acts, outs),
+        DotOrder::Repacked => rows_n_of::<W, N>(DotOrder::Repacked, row_bytes, rows, acts, outs),
+        DotOrder::Free => rows_4_n_of::<W, N>(row_bytes, rows, acts, outs),
+    }
+}
+
+/// [`dot_rows`]'s loop in the orders other than free for `N` activation rows, row by row (each
+/// row's results are its [`Kernels::dot`]s, as [`rows_4_of`]'s are).
+#[inline(always)]
+fn rows_n_of<W: Kernels, const N: usize>(
+    order: DotOrder,
+    row_bytes: usize,
+    rows: &[u8],
+    acts: [&[ActBlock<W>]; N],
+    outs: &mut [&mut [f32]],
+) {
+    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+        if let Some(ahead) =
+            rows.get((i + PREFETCH_ROWS) * row_bytes..(i + PREFETCH_ROWS + 1) * row_bytes)
+        {
+            prefetch(ahead);
+        }
+        for (o, v) in outs.iter_mut().zip(W::dot_n(blocks(row), acts, order)) {
+            o[i] = v;
+        }
+    }
+}
+
+/// [`rows_4_of`] in the free order for `N` activation rows: the same quads of weight rows, so
+/// each output is the one a single-row call computes.
+#[inline(always)]
+fn rows_4_n_of<W: Kernels, const N: usize>(
+    row_bytes: usize,
+    rows: &[u8],
+    acts: [&[ActBlock<W>]; N],
+    outs: &mut [&mut [f32]],
+) {
+    let order = DotOrder::Free;
+    let quads = rows.chunks_exact(4 * row_bytes);
+    let rest = quads.remainder();
+    let n_quads = rows.len() / (4 * row_bytes);
+    for (q, quad) in quads.enumerate() {
+        let ahead = (q + 1) * 4 * row_bytes + PREFETCH_ROWS * row_bytes;
+        if let Some(ahead) = rows.get(ahead..ahead + 4 * row_bytes) {
+            prefetch(ahead);
+        }
+        let row = |k: usize| blocks::<W::Block>(&quad[k * row_bytes..(k + 1) * row_bytes]);
+        let got = W::dot_4rows_n([row(0), row(1), row(2), row(3)], acts, order);
+        for (o, v) in outs.iter_mut().zip(got) {
+            o[4 * q..4 * q + 4].copy_from_slice(&v);
+        }
+    }
+    for (r, row) in rest.chunks_exact(row_bytes).enumerate() {
+        let i = 4 * n_quads + r;
+        for (o, v) in outs.iter_mut().zip(W::dot_n(blocks(row), acts, order)) {
+            o[i] = v;
+        }
     }
 }
 

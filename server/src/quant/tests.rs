@@ -158,6 +158,27 @@ proptest! {
         }
     }
 
+    /// `dot_rows` in the orders that keep llama.cpp's (vec_dot, tiled, repacked) over 1..=9 rows:
+    /// the four-row kernels and the rows left over both give every row its own `vec_dot`, bit for
+    /// bit.
+    #[test]
+    fn ordered_dot_rows_of_any_row_count_equal_vec_dot_bit_for_bit(seed in any::<u64>(), n_rows in 1usize..=9, blocks in 1usize..=5) {
+        let mut rng = Rng(seed);
+        for w in WEIGHT_TYPES {
+            let n = blocks * w.block_len().max(vec_dot_type(w).block_len());
+            let rows: Vec<Vec<u8>> = (0..n_rows).map(|_| random_weights(w, n, &mut rng)).collect();
+            let act = quantized(w, &random_activations(n, &mut rng));
+            for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked] {
+                let mut out = vec![f32::NAN; n_rows];
+                dot_rows(w, order, n, &rows.concat(), &act, &mut out);
+                for (r, row) in rows.iter().enumerate() {
+                    let one = vec_dot(w, order, n, row, &act);
+                    prop_assert_eq!(out[r].to_bits(), one.to_bits(), "{} {:?} row {} of {}", w, order, r, n_rows);
+                }
+            }
+        }
+    }
+
     #[test]
     fn dot_rows_and_dot_rows_x4_equal_vec_dot_bit_for_bit(seed in any::<u64>()) {
         let mut rng = Rng(seed);
@@ -184,6 +205,37 @@ proptest! {
         }
     }
 
+    /// `dot_rows_multi` is `dot_rows` per activation row, bit for bit, in every order, for every
+    /// type (those with shared-unpack kernels and the fallback), any row count (the free order's
+    /// quads and the rows left over) and 1..=6 activation rows (groups of up to four and a rest).
+    #[test]
+    fn dot_rows_multi_equals_dot_rows_bit_for_bit(
+        seed in any::<u64>(),
+        n_rows in 1usize..=9,
+        blocks in 1usize..=4,
+        n_acts in 1usize..=6,
+    ) {
+        let mut rng = Rng(seed);
+        for w in WEIGHT_TYPES {
+            let n = blocks * w.block_len().max(vec_dot_type(w).block_len());
+            let rows: Vec<u8> = (0..n_rows).flat_map(|_| random_weights(w, n, &mut rng)).collect();
+            let acts: Vec<Vec<u8>> =
+                (0..n_acts).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+            let act_refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+            for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked, DotOrder::Free] {
+                let mut outs = vec![vec![f32::NAN; n_rows]; n_acts];
+                let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+                dot_rows_multi(w, order, n, &rows, &act_refs, &mut out_refs);
+                for (t, act) in acts.iter().enumerate() {
+                    let mut single = vec![0f32; n_rows];
+                    dot_rows(w, order, n, &rows, act, &mut single);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    prop_assert_eq!(bits(&outs[t]), bits(&single), "{} {:?} act {} of {}", w, order, t, n_acts);
+                }
+            }
+        }
+    }
+
     /// The repacked kernels sum exactly as llama.cpp's gemv (one activation row) and gemm (four)
     /// do, and still compute the dot product.
     #[test]
@@ -191,13 +243,14 @@ proptest! {
         let mut rng = Rng(seed);
         for w in repacked_types() {
             let n = 512;
-            let rows: Vec<Vec<u8>> = (0..3).map(|_| random_weights(w, n, &mut rng)).collect();
+            // Five rows: one through the four-row kernels, one alone.
+            let rows: Vec<Vec<u8>> = (0..5).map(|_| random_weights(w, n, &mut rng)).collect();
             let all_rows = rows.concat();
             let acts: Vec<Vec<u8>> =
                 (0..4).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
-            let mut single = [0f32; 3];
+            let mut single = [0f32; 5];
             dot_rows(w, DotOrder::Repacked, n, &all_rows, &acts[0], &mut single);
-            let mut outs = [[0f32; 3]; 4];
+            let mut outs = [[0f32; 5]; 4];
             let [o0, o1, o2, o3] = &mut outs;
             let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
             dot_rows_x4(w, DotOrder::Repacked, n, &all_rows, acts4, [o0, o1, o2, o3]);
@@ -350,6 +403,21 @@ fn dot_orders_are_llama_cpp_s() {
             );
         }
     }
+}
+
+#[test]
+#[should_panic(expected = "2 activation rows but 1 outputs")]
+fn dot_rows_multi_names_a_count_mismatch() {
+    let act = [0u8; 34];
+    let mut out = [0f32; 1];
+    dot_rows_multi(
+        GgmlType::Q8_0,
+        DotOrder::VecDot,
+        32,
+        &[0u8; 34],
+        &[&act, &act],
+        &mut [&mut out],
+    );
 }
 
 #[test]

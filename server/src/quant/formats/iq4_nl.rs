@@ -45,7 +45,7 @@ impl Weight for Iq4Nl {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::Kernels;
     use crate::quant::simd::block32::{self, SignedBlock32};
     use crate::quant::simd::{iq4nl_grid, nibbles_32};
     use crate::quant::DotOrder;
@@ -81,8 +81,30 @@ avx2! {
             match order {
                 // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked
                 // by the caller).
-                DotOrder::Repacked => unsafe { block32::repacked_x4(w, a) },
-                _ => dot_x4_by_rows::<Self>(w, a, order),
+                DotOrder::Repacked => unsafe { block32::repacked_n(w, a) },
+                _ => Self::dot_n(w, a, order),
+            }
+        }
+
+        /// Repacked, [`block32::repacked_4rows`]; otherwise four [`Kernels::dot`]s.
+        #[inline]
+        fn dot_4rows(w: [&[BlockIq4Nl]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
+            match order {
+                // SAFETY: as in `dot`; the kernel checks the rows' lengths.
+                DotOrder::Repacked => unsafe { block32::repacked_4rows(w, a) },
+                _ => w.map(|w| Self::dot(w, a, order)),
+            }
+        }
+
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockIq4Nl], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+            // the caller).
+            unsafe {
+                match order {
+                    DotOrder::Repacked => block32::repacked_n(w, a),
+                    _ => block32::vec_dot_pairs_n(w, a),
+                }
             }
         }
     }

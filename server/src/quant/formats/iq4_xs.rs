@@ -71,8 +71,8 @@ impl Weight for Iq4Xs {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
-    use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
+    use crate::quant::format::Kernels;
+    use crate::quant::simd::super_block::{broadcast_i16_mask, scaled_dot, scaled_dot_n, ScaledBlock};
     use crate::quant::simd::{iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
     use crate::quant::DotOrder;
 
@@ -82,17 +82,45 @@ avx2! {
             self.d
         }
 
-        /// `Σ_s (ls_s-32)·(v·a)_s` (even and odd sub-blocks in two accumulators, as ggml has
-        /// them; integer, so only the lanes matter); sub-block s reads qs[16s..16s+16].
         #[inline(always)]
         unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
+            let [s] = self.sumi_n([y]);
+            s
+        }
+    }
+
+    impl BlockIq4Xs {
+        /// The eight signed scales ([`BlockIq4Xs::scale`]) as i16 lanes, in both 128-bit halves
+        /// (for [`broadcast_i16_mask`]): unpacked together, not one by one in scalar code.
+        #[inline(always)]
+        unsafe fn scales16(&self) -> __m256i {
+            let l = _mm_cvtsi32_si128(i32::from_le_bytes(self.scales_l));
+            let m4 = _mm_set1_epi8(0x0F);
+            // Bytes 2i and 2i+1: the low and the high nibble of scales_l[i].
+            let low = _mm_unpacklo_epi8(_mm_and_si128(l, m4), _mm_and_si128(_mm_srli_epi16(l, 4), m4));
+            // Lane ib: scales_h shifted left by 14 - 2ib (a multiply by a power of two), so its
+            // bits 2ib and 2ib+1 land on 14 and 15, then right by 10 onto bits 4 and 5.
+            let h = _mm_set1_epi16(i16::from_le_bytes(self.scales_h));
+            let shifts = _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1);
+            let high = _mm_and_si128(_mm_srli_epi16(_mm_mullo_epi16(h, shifts), 10), _mm_set1_epi16(0x30));
+            let scales = _mm_sub_epi16(_mm_or_si128(_mm_cvtepu8_epi16(low), high), _mm_set1_epi16(32));
+            _mm256_broadcastsi128_si256(scales)
+        }
+
+        /// `Σ_s (ls_s-32)·(v·a)_s` against `N` activation super-blocks (integer, so only the
+        /// lanes matter); sub-block s reads qs[16s..16s+16], looked up once for all `N`.
+        #[inline(always)]
+        unsafe fn sumi_n<const N: usize>(&self, y: [&BlockQ8K; N]) -> [__m256i; N] {
             let grid = iq4nl_grid();
-            let mut sumi = _mm256_setzero_si256();
+            let scales = self.scales16();
+            let mut sumi = [_mm256_setzero_si256(); N];
             for s in 0..8 {
                 let q = _mm256_shuffle_epi8(grid, nibbles_32(self.qs.as_ptr().add(16 * s)));
-                let act = load256(y.qs.as_ptr().add(32 * s).cast());
-                let scale = _mm256_set1_epi16(self.scale(s) as i16);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(mul_i8_pairs(q, act), scale));
+                let scale = _mm256_shuffle_epi8(scales, broadcast_i16_mask(s as i16));
+                for (sumi, y) in sumi.iter_mut().zip(y) {
+                    let act = load256(y.qs.as_ptr().add(32 * s).cast());
+                    *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(mul_i8_pairs(q, act), scale));
+                }
             }
             sumi
         }
@@ -108,7 +136,14 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockIq4Xs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            Self::dot_n(w, a, order)
+        }
+
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockIq4Xs], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+            // the caller).
+            unsafe { scaled_dot_n(w, a, order, |b, y| b.sumi_n(y)) }
         }
     }
 }

@@ -81,16 +81,44 @@ avx2! {
             // the caller).
             unsafe {
                 match order {
-                    DotOrder::Repacked => block32::repacked_x4(w, a),
-                    _ => block32::vec_dot_x4(w, a),
+                    DotOrder::Repacked => block32::repacked_n(w, a),
+                    _ => block32::vec_dot_n(w, a),
                 }
             }
         }
 
         #[inline]
-        fn dot_4rows(w: [&[BlockQ4_0]; 4], a: &[BlockQ8_0], _order: DotOrder) -> [f32; 4] {
+        fn dot_4rows(w: [&[BlockQ4_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot`; the kernels check the rows' lengths.
+            unsafe {
+                match order {
+                    DotOrder::Free => block32::vec_dot_4rows(w, a),
+                    DotOrder::Repacked => block32::repacked_4rows(w, a),
+                    _ => block32::vec_dot_4rows_exact(w, a),
+                }
+            }
+        }
+
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockQ4_0], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+            // the caller).
+            unsafe {
+                match order {
+                    DotOrder::Repacked => block32::repacked_n(w, a),
+                    _ => block32::vec_dot_n(w, a),
+                }
+            }
+        }
+
+        #[inline]
+        fn dot_4rows_n<const N: usize>(
+            w: [&[BlockQ4_0]; 4],
+            a: [&[BlockQ8_0]; N],
+            _order: DotOrder,
+        ) -> [[f32; 4]; N] {
             // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows(w, a) }
+            unsafe { block32::vec_dot_4rows_n(w, a) }
         }
     }
 }

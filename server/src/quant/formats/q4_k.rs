@@ -55,12 +55,13 @@ impl Weight for Q4K {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::blocks::{f16_to_f32, scales_mins_k4};
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
-    use crate::quant::simd::super_block::{k4_chunk_sum, k4_dot, k4_scaled_sum, K4Block, LaneMins};
-    use crate::quant::simd::{
-        fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load128, load256,
+    use crate::quant::blocks::f16_to_f32;
+    use crate::quant::format::Kernels;
+    use crate::quant::simd::super_block::{
+        k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n, k4_scaled_sum_of, k4_scales_mins,
+        k4_sub_sums, K4Block, LaneMins,
     };
+    use crate::quant::simd::{fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256};
     use crate::quant::DotOrder;
 
     impl K4Block for BlockQ4K {
@@ -93,65 +94,98 @@ avx2! {
 
     impl Kernels for Q4K {
         /// vec_dot takes the min term in four float lanes ([`LaneMins`]); repacked is
-        /// [`gemv`].
+        /// [`gemv_n`].
         #[inline]
         fn dot(w: &[BlockQ4K], a: &[BlockQ8K], order: DotOrder) -> f32 {
-            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); chunk c
-            // reads qs[32c..32c+32] of a 128-byte array (c < 4).
-            unsafe {
-                match order {
-                    DotOrder::Repacked => gemv(w, a),
-                    _ => k4_dot::<_, LaneMins>(w, a, order),
-                }
-            }
+            let [out] = Self::dot_n(w, [a], order);
+            out
         }
 
         #[inline]
         fn dot_x4(w: &[BlockQ4K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
             match order {
-                // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked
-                // by the caller).
+                // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); chunk
+                // c reads qs[32c..32c+32] of a 128-byte array (c < 4); every activation row
+                // holds as many blocks as `w` (checked by the caller).
                 DotOrder::Repacked => unsafe { gemm(w, a) },
-                _ => dot_x4_by_rows::<Self>(w, a, order),
+                _ => Self::dot_n(w, a, order),
+            }
+        }
+
+        /// Repacked, [`gemv_4rows`]; otherwise four [`Kernels::dot`]s.
+        #[inline]
+        fn dot_4rows(w: [&[BlockQ4K]; 4], a: &[BlockQ8K], order: DotOrder) -> [f32; 4] {
+            match order {
+                // SAFETY: as in `dot_x4`; the kernel checks the rows' lengths.
+                DotOrder::Repacked => unsafe { gemv_4rows(w, a) },
+                _ => w.map(|w| Self::dot(w, a, order)),
+            }
+        }
+
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockQ4K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot_x4`.
+            unsafe {
+                match order {
+                    DotOrder::Repacked => gemv_n(w, a),
+                    _ => k4_dot_n::<_, LaneMins, N>(w, a, order),
+                }
             }
         }
     }
 
-    /// A super-block's scales and mins, unpacked once: the eight 6-bit scales as i16 in both
-    /// 128-bit halves (the layout [`k4_scaled_sum`] takes), and the eight mins as i16.
-    #[inline(always)]
-    unsafe fn scales_mins(b: &BlockQ4K) -> (__m256i, __m128i) {
-        let sm = _mm256_cvtepu8_epi16(load128(scales_mins_k4(&b.scales).as_ptr()));
-        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-        (scales, _mm256_extracti128_si256(sm, 1))
-    }
-
-    /// `min_2c·bsum_2c + min_2c+1·bsum_2c+1` for the four 64-value chunks c, where bsum_s is the
-    /// activation sum over sub-block s: the integers the kernels scale by dmin.
-    #[inline(always)]
-    unsafe fn chunk_min_sums(mins: __m128i, a: &BlockQ8K) -> __m128i {
-        let bsums = load256(a.bsums.as_ptr());
-        let sub_sums = _mm_hadd_epi16(
-            _mm256_castsi256_si128(bsums),
-            _mm256_extracti128_si256(bsums, 1),
-        );
-        _mm_madd_epi16(mins, sub_sums)
-    }
-
     /// The repacked order for one activation row, as `ggml_gemv_q4_K_8x8_q8_K`: per
     /// super-block, one FMA of the scaled integer sum by d_w·d_a and one of the min sum by
-    /// dmin_w·d_a into a second chain, which is subtracted at the end.
+    /// dmin_w·d_a into a second chain, which is subtracted at the end. For `N` activation rows
+    /// at once (each its own gemv, the super-block unpacked once).
     #[inline(always)]
-    unsafe fn gemv(w: &[BlockQ4K], a: &[BlockQ8K]) -> f32 {
-        let (mut acc, mut acc_min) = (0.0, 0.0);
-        for (b, y) in w.iter().zip(a) {
-            let (scales, mins) = scales_mins(b);
-            let sumi = hsum_i32(k4_scaled_sum(scales, y, b));
-            acc = fma_scaled(sumi, f16_to_f32(b.d), y.d(), acc);
-            let min_sum = hsum_i32_128(chunk_min_sums(mins, y));
-            acc_min = fma_scaled(min_sum, f16_to_f32(b.dmin), y.d(), acc_min);
+    unsafe fn gemv_n<const N: usize>(w: &[BlockQ4K], a: [&[BlockQ8K]; N]) -> [f32; N] {
+        let (mut acc, mut acc_min) = ([0.0; N], [0.0; N]);
+        for (i, b) in w.iter().enumerate() {
+            let (scales, mins) = k4_scales_mins(b);
+            let chunks = k4_chunks(b);
+            let (d_w, dmin_w) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
+            for t in 0..N {
+                let y = &a[t][i];
+                let sumi = hsum_i32(k4_scaled_sum_of(scales, y, &chunks));
+                acc[t] = fma_scaled(sumi, d_w, y.d(), acc[t]);
+                let min_sum = hsum_i32_128(k4_chunk_min_sums(mins, y));
+                acc_min[t] = fma_scaled(min_sum, dmin_w, y.d(), acc_min[t]);
+            }
         }
-        acc - acc_min
+        std::array::from_fn(|t| acc[t] - acc_min[t])
+    }
+
+    /// [`gemv_n`] of four weight rows against one activation row, each row's two chains
+    /// bit-identical to its own gemv: lane r of the accumulators is row r's, so the four rows'
+    /// integer sums are reduced together and each super-block takes two vector FMAs for all
+    /// four; the activation's sub-block sums and scale are taken once.
+    #[inline(always)]
+    unsafe fn gemv_4rows(w: [&[BlockQ4K]; 4], a: &[BlockQ8K]) -> [f32; 4] {
+        let n = a.len();
+        assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+        let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
+        for (i, y) in a.iter().enumerate() {
+            // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+            let b = w.map(|w| w.get_unchecked(i));
+            let sub_sums = k4_sub_sums(y);
+            let mut sums = [_mm256_setzero_si256(); 4];
+            let mut mins = [_mm_setzero_si128(); 4];
+            for r in 0..4 {
+                let (scales, m) = k4_scales_mins(b[r]);
+                sums[r] = k4_scaled_sum_of(scales, y, &k4_chunks(b[r]));
+                mins[r] = _mm_madd_epi16(m, sub_sums);
+            }
+            let mins = _mm_hadd_epi32(_mm_hadd_epi32(mins[0], mins[1]), _mm_hadd_epi32(mins[2], mins[3]));
+            let d_a = _mm_set1_ps(y.d());
+            let f16x4 = |f: fn(&BlockQ4K) -> [u8; 2]| {
+                let h = b.map(|b| i16::from_le_bytes(f(b)));
+                _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], 0, 0, 0, 0)), d_a)
+            };
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(sums)), f16x4(|b| b.d), acc);
+            acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), f16x4(|b| b.dmin), acc_min);
+        }
+        lanes(_mm_sub_ps(acc, acc_min))
     }
 
     /// The repacked order for four activation rows, as `ggml_gemm_q4_K_8x8_q8_K`, which (unlike
@@ -161,10 +195,10 @@ avx2! {
     unsafe fn gemm(w: &[BlockQ4K], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
         let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
         for (i, b) in w.iter().enumerate() {
-            let (scales, mins) = scales_mins(b);
+            let (scales, mins) = k4_scales_mins(b);
             let y = a.map(|a| &a[i]);
             let d_a = y.map(|y| y.d());
-            let min_sums = transpose_i32_4x4(y.map(|y| chunk_min_sums(mins, y)));
+            let min_sums = transpose_i32_4x4(y.map(|y| k4_chunk_min_sums(mins, y)));
             for (c, min_sum) in min_sums.into_iter().enumerate() {
                 let quants = b.chunk(c);
                 let sumi = hsum_i32_x4(y.map(|y| k4_chunk_sum(scales, y, c, quants)));

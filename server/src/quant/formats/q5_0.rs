@@ -83,13 +83,35 @@ avx2! {
         fn dot_x4(w: &[BlockQ5_0], a: [&[BlockQ8_0]; 4], _order: DotOrder) -> [f32; 4] {
             // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
             // the caller).
-            unsafe { block32::vec_dot_x4(w, a) }
+            unsafe { block32::vec_dot_n(w, a) }
         }
 
         #[inline]
-        fn dot_4rows(w: [&[BlockQ5_0]; 4], a: &[BlockQ8_0], _order: DotOrder) -> [f32; 4] {
+        fn dot_4rows(w: [&[BlockQ5_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot`; the kernels check the rows' lengths.
+            unsafe {
+                match order {
+                    DotOrder::Free => block32::vec_dot_4rows(w, a),
+                    _ => block32::vec_dot_4rows_exact(w, a),
+                }
+            }
+        }
+
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockQ5_0], a: [&[BlockQ8_0]; N], _order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+            // the caller).
+            unsafe { block32::vec_dot_n(w, a) }
+        }
+
+        #[inline]
+        fn dot_4rows_n<const N: usize>(
+            w: [&[BlockQ5_0]; 4],
+            a: [&[BlockQ8_0]; N],
+            _order: DotOrder,
+        ) -> [[f32; 4]; N] {
             // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows(w, a) }
+            unsafe { block32::vec_dot_4rows_n(w, a) }
         }
     }
 }

@@ -53,7 +53,7 @@ impl Weight for Q5_1 {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::Kernels;
     use crate::quant::simd::{bytes_from_bits_32, hsum, load256, nibbles_32};
     use crate::quant::DotOrder;
 
@@ -62,30 +62,42 @@ avx2! {
         /// over the blocks into eight lanes, the offsets' `m·s` summed apart by scalar FMAs and
         /// added after the horizontal sum.
         #[inline]
-        fn dot(w: &[BlockQ5_1], a: &[BlockQ8_1], _order: DotOrder) -> f32 {
+        fn dot(w: &[BlockQ5_1], a: &[BlockQ8_1], order: DotOrder) -> f32 {
+            let [out] = Self::dot_n(w, [a], order);
+            out
+        }
+
+        /// [`Kernels::dot`] against `N` activation rows, each block unpacked once.
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockQ5_1], a: [&[BlockQ8_1]; N], _order: DotOrder) -> [f32; N] {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
-            // inside the blocks borrowed from `w` and `a`.
+            // inside the blocks borrowed from `w` and `a`, which hold as many blocks as `w`
+            // (checked by the caller).
             unsafe {
-                let mut acc = _mm256_setzero_ps();
-                let mut offsets = 0.0f32;
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut offsets = [0.0f32; N];
                 let fifth = _mm256_set1_epi8(0x10);
-                for (x, y) in w.iter().zip(a) {
-                    offsets = f16_to_f32(x.m).mul_add(f16_to_f32(y.s), offsets);
-                    let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
+                for (i, x) in w.iter().enumerate() {
+                    let (d_w, m_w) = (f16_to_f32(x.d), f16_to_f32(x.m));
                     let high = _mm256_and_si256(bytes_from_bits_32(u32::from_le_bytes(x.qh)), fifth);
-                    let quants = _mm256_or_si256(nibbles_32(x.qs.as_ptr()), high);
                     // Unsigned quants (0..31) are maddubs' unsigned operand as they are.
-                    let products = _mm256_maddubs_epi16(quants, load256(y.qs.as_ptr().cast()));
-                    let sumi = _mm256_madd_epi16(products, _mm256_set1_epi16(1));
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+                    let quants = _mm256_or_si256(nibbles_32(x.qs.as_ptr()), high);
+                    for t in 0..N {
+                        let y = &a[t][i];
+                        offsets[t] = m_w.mul_add(f16_to_f32(y.s), offsets[t]);
+                        let d = _mm256_set1_ps(d_w * f16_to_f32(y.d));
+                        let products = _mm256_maddubs_epi16(quants, load256(y.qs.as_ptr().cast()));
+                        let sumi = _mm256_madd_epi16(products, _mm256_set1_epi16(1));
+                        acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+                    }
                 }
-                hsum(acc) + offsets
+                std::array::from_fn(|t| hsum(acc[t]) + offsets[t])
             }
         }
 
         #[inline]
         fn dot_x4(w: &[BlockQ5_1], a: [&[BlockQ8_1]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            Self::dot_n(w, a, order)
         }
     }
 }

@@ -55,9 +55,9 @@ impl Weight for Q5K {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::Kernels;
     use crate::quant::simd::load256;
-    use crate::quant::simd::super_block::{k4_dot, K4Block, ScalarMins};
+    use crate::quant::simd::super_block::{k4_dot, k4_dot_n, K4Block, ScalarMins};
     use crate::quant::DotOrder;
 
     impl K4Block for BlockQ5K {
@@ -105,7 +105,14 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockQ5K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            Self::dot_n(w, a, order)
+        }
+
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockQ5K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+            // the caller).
+            unsafe { k4_dot_n::<_, ScalarMins, N>(w, a, order) }
         }
     }
 }

@@ -72,8 +72,8 @@ impl Weight for Q6K {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
-    use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
+    use crate::quant::format::Kernels;
+    use crate::quant::simd::super_block::{scaled_dot, scaled_dot_n, ScaledBlock};
     use crate::quant::simd::{load128, load256};
     use crate::quant::DotOrder;
 
@@ -90,16 +90,21 @@ avx2! {
             self.d
         }
 
-        /// `Σ_s scale_s·((q-32)·a)_s`; half h reads ql[64h..64h+64] and qh[32h..32h+32].
         #[inline(always)]
         unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
+            let [s] = self.sumi_n([y]);
+            s
+        }
+    }
+
+    impl BlockQ6K {
+        /// The six-bit quants (+32) of 32-value group g (< 8) in `[g]`: half h = g / 4 reads
+        /// ql[64h..64h+64] and qh[32h..32h+32].
+        #[inline(always)]
+        unsafe fn quants(&self) -> [__m256i; 8] {
             let m4 = _mm256_set1_epi8(0x0F);
             let m2 = _mm256_set1_epi8(3);
-            let scales = load128(self.scales.as_ptr().cast());
-            // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
-            let offset =
-                _mm256_madd_epi16(load256(y.bsums.as_ptr()), _mm256_cvtepi8_epi16(scales));
-            let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
+            let mut out = [_mm256_setzero_si256(); 8];
             for half in 0..2 {
                 let ql0 = load256(self.ql.as_ptr().add(64 * half));
                 let ql1 = load256(self.ql.as_ptr().add(64 * half + 32));
@@ -108,21 +113,37 @@ avx2! {
                     let s = _mm_cvtsi32_si128(shift);
                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s), m2), 4)
                 };
-                let quants = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
-                ];
-                for (g, q) in quants.into_iter().enumerate() {
-                    let group = 4 * half + g;
-                    let act = load256(y.qs.as_ptr().add(32 * group).cast());
-                    let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(group)));
+                out[4 * half] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0));
+                out[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2));
+                out[4 * half + 2] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4));
+                out[4 * half + 3] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6));
+            }
+            out
+        }
+
+        /// `Σ_s scale_s·((q-32)·a)_s` against `N` activation super-blocks, the quants and scales
+        /// unpacked once.
+        #[inline(always)]
+        unsafe fn sumi_n<const N: usize>(&self, y: [&BlockQ8K; N]) -> [__m256i; N] {
+            let quants = self.quants();
+            let scales = load128(self.scales.as_ptr().cast());
+            let scales16 = _mm256_cvtepi8_epi16(scales);
+            let group_scales: [__m256i; 8] = std::array::from_fn(|g| {
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(g)))
+            });
+            y.map(|y| {
+                // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
+                let offset = _mm256_madd_epi16(load256(y.bsums.as_ptr()), scales16);
+                let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
+                for (g, (&q, &sc)) in quants.iter().zip(&group_scales).enumerate() {
+                    let act = load256(y.qs.as_ptr().add(32 * g).cast());
                     let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act));
                     sumi = _mm256_add_epi32(sumi, p);
                 }
-            }
-            sumi
+                sumi
+            })
         }
     }
 
@@ -136,7 +157,14 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockQ6K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            Self::dot_n(w, a, order)
+        }
+
+        #[inline]
+        fn dot_n<const N: usize>(w: &[BlockQ6K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+            // the caller).
+            unsafe { scaled_dot_n(w, a, order, |b, y| b.sumi_n(y)) }
         }
     }
 }

@@ -17,8 +17,15 @@ pub trait SignedBlock32: Block {
 /// `acc + d_w*d_a*(w·a)` for one 32-value block.
 #[inline(always)]
 unsafe fn fma_block(w: &impl SignedBlock32, a: &BlockQ8_0, acc: __m256) -> __m256 {
-    let sumi = dot_i8_quads(w.quants(), load256(a.qs.as_ptr().cast()));
-    let d = _mm256_set1_ps(f16_to_f32(w.d()) * f16_to_f32(a.d));
+    fma_unpacked(w.quants(), f16_to_f32(w.d()), a, acc)
+}
+
+/// [`fma_block`] of a weight block already unpacked (`wq`, `d_w`): the same operations, so a
+/// block unpacked once for several activation rows gives each the single-row result.
+#[inline(always)]
+unsafe fn fma_unpacked(wq: __m256i, d_w: f32, a: &BlockQ8_0, acc: __m256) -> __m256 {
+    let sumi = dot_i8_quads(wq, load256(a.qs.as_ptr().cast()));
+    let d = _mm256_set1_ps(d_w * f16_to_f32(a.d));
     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc)
 }
 
@@ -35,23 +42,74 @@ pub unsafe fn vec_dot<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
     hsum(acc)
 }
 
-/// [`vec_dot`] of one weight row against four activation rows at once (prompt processing): each
-/// weight block is unpacked once and feeds four FMA chains, one per output, so every output sums
-/// in exactly the single-row order.
+/// [`vec_dot`] of one weight row against `N` activation rows at once (prompt processing, a batch
+/// of streams): each weight block is unpacked once and feeds `N` FMA chains, one per output, so
+/// every output sums in exactly the single-row order.
 #[inline(always)]
-pub unsafe fn vec_dot_x4<B: SignedBlock32>(w: &[B], a: [&[BlockQ8_0]; 4]) -> [f32; 4] {
-    let mut acc = [_mm256_setzero_ps(); 4];
+pub unsafe fn vec_dot_n<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
     for (b, wb) in w.iter().enumerate() {
-        let wq = wb.quants();
-        let dw = f16_to_f32(wb.d());
-        for k in 0..4 {
-            let ab = &a[k][b];
-            let sumi = dot_i8_quads(wq, load256(ab.qs.as_ptr().cast()));
-            let d = _mm256_set1_ps(dw * f16_to_f32(ab.d));
-            acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[k]);
+        let (wq, d_w) = (wb.quants(), f16_to_f32(wb.d()));
+        for (acc, a) in acc.iter_mut().zip(a) {
+            *acc = fma_unpacked(wq, d_w, &a[b], *acc);
         }
     }
     acc.map(|v| hsum(v))
+}
+
+/// The four rows' `d_w·d_a` of one block, lane r for row r: one conversion and one multiply for
+/// four rows, each lane the product the single-row kernels form.
+#[inline(always)]
+unsafe fn scales_4rows<B: SignedBlock32>(b: [&B; 4], d_a: f32) -> __m128 {
+    let d = b.map(|b| i16::from_le_bytes(b.d()));
+    let d_w = _mm_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], 0, 0, 0, 0));
+    _mm_mul_ps(d_w, _mm_set1_ps(d_a))
+}
+
+/// [`vec_dot`] of four weight rows against one activation row, each row's result bit-identical
+/// to its own [`vec_dot`] (its own eight-lane chain, the same FMAs): the activation block is
+/// loaded and its scale converted once for four rows, and the four `d_w·d_a` come from one
+/// conversion and one multiply.
+#[inline(always)]
+pub unsafe fn vec_dot_4rows_exact<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    let n = a.len();
+    assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    let lane = [0, 1, 2, 3].map(|r| _mm256_set1_epi32(r));
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, ab) in a.iter().enumerate() {
+        // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+        let b = w.map(|w| w.get_unchecked(i));
+        let aq = load256(ab.qs.as_ptr().cast());
+        let d = _mm256_castps128_ps256(scales_4rows(b, f16_to_f32(ab.d)));
+        for r in 0..4 {
+            let sumi = dot_i8_quads(b[r].quants(), aq);
+            let d_r = _mm256_permutevar8x32_ps(d, lane[r]);
+            acc[r] = _mm256_fmadd_ps(d_r, _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    acc.map(|v| hsum(v))
+}
+
+/// [`repacked`] of four weight rows against one activation row, each row's chain bit-identical
+/// to its own [`repacked`]: lane r of one accumulator is row r's chain, so the four integer sums
+/// are reduced together ([`hsum_i32_x4`]) and the four FMAs are one.
+#[inline(always)]
+pub unsafe fn repacked_4rows<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    let n = a.len();
+    assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    let mut acc = _mm_setzero_ps();
+    for (i, ab) in a.iter().enumerate() {
+        // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+        let b = w.map(|w| w.get_unchecked(i));
+        let aq = load256(ab.qs.as_ptr().cast());
+        let sums = hsum_i32_x4(b.map(|b| dot_i8_quads(b.quants(), aq)));
+        let d = scales_4rows(b, f16_to_f32(ab.d));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), d, acc);
+    }
+    lanes(acc)
 }
 
 /// Four weight rows against one activation row (decode's mat-vec), not in llama.cpp's order: per
@@ -63,40 +121,77 @@ pub unsafe fn vec_dot_x4<B: SignedBlock32>(w: &[B], a: [&[BlockQ8_0]; 4]) -> [f3
 /// differences from vec_dot's sum are float rounding (relative 1e-7 of the row's magnitude).
 #[inline(always)]
 pub unsafe fn vec_dot_4rows<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
-    let n = a.len();
-    assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
-    let mut acc = _mm256_setzero_ps();
-    for (i, ab) in a.iter().enumerate() {
+    let [out] = vec_dot_4rows_n(w, [a]);
+    out
+}
+
+/// [`vec_dot_4rows`] against `N` activation rows: the four weight blocks are unpacked once per
+/// block, and each activation row has its own accumulator that sees the single-row operations.
+#[inline(always)]
+pub unsafe fn vec_dot_4rows_n<B: SignedBlock32, const N: usize>(
+    w: [&[B]; 4],
+    a: [&[BlockQ8_0]; N],
+) -> [[f32; 4]; N] {
+    let n = w[0].len();
+    assert!(
+        w.iter().all(|w| w.len() == n) && a.iter().all(|a| a.len() == n),
+        "rows of unequal length"
+    );
+    let mut acc = [_mm256_setzero_ps(); N];
+    for i in 0..n {
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
-        let aq = load256(ab.qs.as_ptr().cast());
-        let p = b.map(|b| dot_i8_quads(b.quants(), aq));
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let wq = b.map(|b| b.quants());
         let d = b.map(|b| i16::from_le_bytes(b.d()));
         let d_w = _mm_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], 0, 0, 0, 0));
-        let d = _mm_mul_ps(d_w, _mm_set1_ps(f16_to_f32(ab.d)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(d, d), acc);
+        for (acc, a) in acc.iter_mut().zip(a) {
+            let ab = a.get_unchecked(i);
+            let aq = load256(ab.qs.as_ptr().cast());
+            let p = wq.map(|q| dot_i8_quads(q, aq));
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let d = _mm_mul_ps(d_w, _mm_set1_ps(f16_to_f32(ab.d)));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(d, d), *acc);
+        }
     }
-    lanes(_mm_add_ps(
-        _mm256_castps256_ps128(acc),
-        _mm256_extractf128_ps(acc, 1),
-    ))
+    acc.map(|acc| {
+        lanes(_mm_add_ps(
+            _mm256_castps256_ps128(acc),
+            _mm256_extractf128_ps(acc, 1),
+        ))
+    })
 }
 
 /// As [`vec_dot`] but with ggml's two chains for IQ4_NL (even and odd blocks), summed before the
 /// horizontal add; an odd last block is added after it.
 #[inline(always)]
 pub unsafe fn vec_dot_pairs<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
-    let (mut acc1, mut acc2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (w2, a2) = (w.chunks_exact(2), a.chunks_exact(2));
-    let (w_rest, a_rest) = (w2.remainder(), a2.remainder());
-    for (w, a) in w2.zip(a2) {
-        acc1 = fma_block(&w[0], &a[0], acc1);
-        acc2 = fma_block(&w[1], &a[1], acc2);
+    let [out] = vec_dot_pairs_n(w, [a]);
+    out
+}
+
+/// [`vec_dot_pairs`] against `N` activation rows, each weight block unpacked once.
+#[inline(always)]
+pub unsafe fn vec_dot_pairs_n<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    let (mut acc1, mut acc2) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+    let pairs = w.chunks_exact(2);
+    let w_rest = pairs.remainder();
+    for (p, w) in pairs.enumerate() {
+        let (q0, d0) = (w[0].quants(), f16_to_f32(w[0].d()));
+        let (q1, d1) = (w[1].quants(), f16_to_f32(w[1].d()));
+        for t in 0..N {
+            acc1[t] = fma_unpacked(q0, d0, &a[t][2 * p], acc1[t]);
+            acc2[t] = fma_unpacked(q1, d1, &a[t][2 * p + 1], acc2[t]);
+        }
     }
-    let mut sum = hsum(_mm256_add_ps(acc1, acc2));
-    for (w, a) in w_rest.iter().zip(a_rest) {
-        sum += hsum(fma_block(w, a, _mm256_setzero_ps()));
+    let mut sum: [f32; N] = std::array::from_fn(|t| hsum(_mm256_add_ps(acc1[t], acc2[t])));
+    if let [last] = w_rest {
+        let (q, d) = (last.quants(), f16_to_f32(last.d()));
+        for (sum, a) in sum.iter_mut().zip(a) {
+            *sum += hsum(fma_unpacked(q, d, &a[w.len() - 1], _mm256_setzero_ps()));
+        }
     }
     sum
 }
@@ -114,17 +209,27 @@ pub unsafe fn repacked<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
     acc
 }
 
-/// [`repacked`] for four activation rows, each weight block unpacked once; lane k of the
-/// accumulator is activation row k's chain.
+/// [`repacked`] for `N` (≤ 4) activation rows, each weight block unpacked once; lane t of the
+/// accumulator is activation row t's chain (lanes from `N` on stay zero). The same for four rows
+/// is llama.cpp's gemm order (it sums as the gemv).
 #[inline(always)]
-pub unsafe fn repacked_x4<B: SignedBlock32>(w: &[B], a: [&[BlockQ8_0]; 4]) -> [f32; 4] {
+pub unsafe fn repacked_n<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+) -> [f32; N] {
+    const { assert!(N <= 4) };
     let mut acc = _mm_setzero_ps();
     for (i, wb) in w.iter().enumerate() {
         let wq = wb.quants();
-        let y = a.map(|a| &a[i]);
-        let sumi = hsum_i32_x4(y.map(|y| dot_i8_quads(wq, load256(y.qs.as_ptr().cast()))));
-        let d_a = y.map(|y| f16_to_f32(y.d));
-        acc = fma_scaled_x4(sumi, f16_to_f32(wb.d()), d_a, acc);
+        let mut sums = [_mm256_setzero_si256(); 4];
+        let mut d_a = [0.0; 4];
+        for t in 0..N {
+            let y = &a[t][i];
+            sums[t] = dot_i8_quads(wq, load256(y.qs.as_ptr().cast()));
+            d_a[t] = f16_to_f32(y.d);
+        }
+        acc = fma_scaled_x4(hsum_i32_x4(sums), f16_to_f32(wb.d()), d_a, acc);
     }
-    lanes(acc)
+    let all = lanes(acc);
+    std::array::from_fn(|t| all[t])
 }

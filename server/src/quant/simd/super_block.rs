@@ -29,7 +29,7 @@ pub trait ScaledBlock {
 
 /// Shuffle mask that broadcasts i16 lane `k` of each 128-bit half.
 #[inline(always)]
-unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
+pub unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
     _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k))
 }
 
@@ -37,11 +37,54 @@ unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
 /// i16 in both 128-bit halves.
 #[inline(always)]
 pub unsafe fn k4_scaled_sum(scales: __m256i, a: &BlockQ8K, b: &impl K4Block) -> __m256i {
+    k4_scaled_sum_of(scales, a, &k4_chunks(b))
+}
+
+/// A [`K4Block`] super-block's 256 quants, as its four [`K4Block::chunk`]s.
+#[inline(always)]
+pub unsafe fn k4_chunks(b: &impl K4Block) -> [(__m256i, __m256i); 4] {
+    [b.chunk(0), b.chunk(1), b.chunk(2), b.chunk(3)]
+}
+
+/// [`k4_scaled_sum`] of a super-block's quants already unpacked by [`k4_chunks`].
+#[inline(always)]
+pub unsafe fn k4_scaled_sum_of(
+    scales: __m256i,
+    a: &BlockQ8K,
+    chunks: &[(__m256i, __m256i); 4],
+) -> __m256i {
     let mut sumi = _mm256_setzero_si256();
-    for c in 0..4 {
-        sumi = _mm256_add_epi32(sumi, k4_chunk_sum(scales, a, c, b.chunk(c)));
+    for (c, &chunk) in chunks.iter().enumerate() {
+        sumi = _mm256_add_epi32(sumi, k4_chunk_sum(scales, a, c, chunk));
     }
     sumi
+}
+
+/// A [`K4Block`] super-block's scales and mins, unpacked once: the eight 6-bit scales as i16 in
+/// both 128-bit halves (the layout [`k4_scaled_sum`] takes), and the eight mins as i16.
+#[inline(always)]
+pub unsafe fn k4_scales_mins(b: &impl K4Block) -> (__m256i, __m128i) {
+    let sm = _mm256_cvtepu8_epi16(load128(scales_mins_k4(b.scales()).as_ptr()));
+    let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+    (scales, _mm256_extracti128_si256(sm, 1))
+}
+
+/// `min_2c·bsum_2c + min_2c+1·bsum_2c+1` for the four 64-value chunks c, where bsum_s is the
+/// activation sum over sub-block s: the integers the kernels scale by dmin.
+#[inline(always)]
+pub unsafe fn k4_chunk_min_sums(mins: __m128i, a: &BlockQ8K) -> __m128i {
+    _mm_madd_epi16(mins, k4_sub_sums(a))
+}
+
+/// The activation's sums over its eight 32-value sub-blocks, as i16 (the pairs of its 16-value
+/// `bsums` added): what [`k4_chunk_min_sums`] multiplies the mins by.
+#[inline(always)]
+pub unsafe fn k4_sub_sums(a: &BlockQ8K) -> __m128i {
+    let bsums = load256(a.bsums.as_ptr());
+    _mm_hadd_epi16(
+        _mm256_castsi256_si128(bsums),
+        _mm256_extracti128_si256(bsums, 1),
+    )
 }
 
 /// `scale_2c·(q·a)_2c + scale_2c+1·(q·a)_2c+1` as eight i32 partial sums: chunk c (64 values)
@@ -118,42 +161,55 @@ impl MinTerm for ScalarMins {
 /// and `min_s·(bsum_2s + bsum_2s+1)` summed pairwise into four lanes.
 #[inline(always)]
 unsafe fn k4_parts(b: &impl K4Block, y: &BlockQ8K) -> (__m256i, __m128i) {
-    let sm = scales_mins_k4(b.scales());
-    // Lanes 0..8: scales, 8..16: mins, as i16.
-    let scales_mins = _mm256_cvtepu8_epi16(load128(sm.as_ptr()));
-    let bsums = load256(y.bsums.as_ptr());
-    let bsums32 = _mm_hadd_epi16(
-        _mm256_castsi256_si128(bsums),
-        _mm256_extracti128_si256(bsums, 1),
-    );
-    let mins = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), bsums32);
-    let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
-    (k4_scaled_sum(scales, y, b), mins)
+    let (scales, mins) = k4_scales_mins(b);
+    (k4_scaled_sum(scales, y, b), k4_chunk_min_sums(mins, y))
 }
 
 /// Q4_K/Q5_K in either of llama.cpp's non-repacked orders, the min term summed as `M` in the
 /// vec_dot order.
 #[inline(always)]
 pub unsafe fn k4_dot<B: K4Block, M: MinTerm>(w: &[B], a: &[BlockQ8K], order: DotOrder) -> f32 {
+    let [out] = k4_dot_n::<B, M, 1>(w, [a], order);
+    out
+}
+
+/// [`k4_dot`] against `N` activation rows, each super-block's scales, mins and quants unpacked
+/// once; every output sees the single-row operations.
+#[inline(always)]
+pub unsafe fn k4_dot_n<B: K4Block, M: MinTerm, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8K]; N],
+    order: DotOrder,
+) -> [f32; N] {
     match order {
-        DotOrder::Tiled => k4_tiled(w, a),
-        _ => k4_vec_dot::<B, M>(w, a),
+        DotOrder::Tiled => a.map(|a| k4_tiled(w, a)),
+        _ => k4_vec_dot_n::<B, M, N>(w, a),
     }
 }
 
 /// Q4_K/Q5_K in ggml's vec_dot order: per super-block, the scale part is `d·d_a·sumi` (one FMA
 /// into eight lanes) and the min part goes to `M`; the result is `hsum(scale lanes) + min total`.
+/// One chain of each per activation row.
 #[inline(always)]
-unsafe fn k4_vec_dot<B: K4Block, M: MinTerm>(w: &[B], a: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut min_term = M::zero();
-    for (b, y) in w.iter().zip(a) {
-        let (sumi, mins) = k4_parts(b, y);
-        min_term.add(-y.d() * f16_to_f32(b.dmin()), mins);
-        let d = _mm256_set1_ps(y.d() * f16_to_f32(b.d()));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+unsafe fn k4_vec_dot_n<B: K4Block, M: MinTerm, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8K]; N],
+) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut min_term: [M; N] = std::array::from_fn(|_| M::zero());
+    for (i, b) in w.iter().enumerate() {
+        let (scales, mins) = k4_scales_mins(b);
+        let chunks = k4_chunks(b);
+        let (d_w, dmin_w) = (f16_to_f32(b.d()), f16_to_f32(b.dmin()));
+        for t in 0..N {
+            let y = &a[t][i];
+            let sumi = k4_scaled_sum_of(scales, y, &chunks);
+            min_term[t].add(-y.d() * dmin_w, k4_chunk_min_sums(mins, y));
+            let d = _mm256_set1_ps(y.d() * d_w);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+        }
     }
-    hsum(acc) + min_term.total()
+    std::array::from_fn(|t| hsum(acc[t]) + min_term[t].total())
 }
 
 /// Q4_K/Q5_K in ggml's tiled order (see [`tiled`]): the super-block's value before the
@@ -211,15 +267,34 @@ pub unsafe fn tiled<B>(w: &[B], a: &[BlockQ8K], block: impl Fn(&B, &BlockQ8K) ->
 /// super-block's eight integer lanes by `d_w·d_a`, then the horizontal sum.
 #[inline(always)]
 pub unsafe fn scaled_dot<B: ScaledBlock>(w: &[B], a: &[BlockQ8K], order: DotOrder) -> f32 {
+    let [out] = scaled_dot_n(w, [a], order, |b, [y]| [b.sumi(y)]);
+    out
+}
+
+/// [`scaled_dot`] against `N` activation rows: `sumi` gives a super-block's integer lanes
+/// ([`ScaledBlock::sumi`]) for all `N` rows at once, so a format can unpack its quants once.
+#[inline(always)]
+pub unsafe fn scaled_dot_n<B: ScaledBlock, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8K]; N],
+    order: DotOrder,
+    sumi: impl Fn(&B, [&BlockQ8K; N]) -> [__m256i; N],
+) -> [f32; N] {
     match order {
-        DotOrder::Tiled => tiled(w, a, |b, y| f16_to_f32(b.d()) * hsum_i32(b.sumi(y)) as f32),
+        DotOrder::Tiled => a.map(|a| {
+            tiled(w, a, |b, y| f16_to_f32(b.d()) * hsum_i32(b.sumi(y)) as f32)
+        }),
         _ => {
-            let mut acc = _mm256_setzero_ps();
-            for (b, y) in w.iter().zip(a) {
-                let d = _mm256_set1_ps(f16_to_f32(b.d()) * y.d());
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(b.sumi(y)), acc);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (i, b) in w.iter().enumerate() {
+                let d_w = f16_to_f32(b.d());
+                let y: [&BlockQ8K; N] = std::array::from_fn(|t| &a[t][i]);
+                for (t, s) in sumi(b, y).into_iter().enumerate() {
+                    let d = _mm256_set1_ps(d_w * y[t].d());
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
+                }
             }
-            hsum(acc)
+            acc.map(|v| hsum(v))
         }
     }
 }
