@@ -6,7 +6,11 @@ use std::marker::PhantomData;
 use super::kv_cache::UBATCH;
 use super::session::Grouping;
 use super::weights::Mat;
-use crate::quant::{dot_rows, dot_rows_x4, quantize_row_for, vec_dot_type, DotOrder, GgmlType};
+use smallvec::SmallVec;
+
+use crate::quant::{
+    dot_rows, dot_rows_multi, dot_rows_x4, quantize_row_for, vec_dot_type, DotOrder, GgmlType,
+};
 use crate::threads::Pool;
 
 /// Quantised copies of the current input, one per activation format of the type table (a matmul's
@@ -185,8 +189,13 @@ pub fn matmul(
                 while start < range.end {
                     let rows = start..(start + block).min(range.end);
                     let weights = weights_of(&rows);
-                    for t in 0..n {
-                        dot_rows(w.ty, order, w.cols, weights, act(t), out_of(t, &rows));
+                    // Up to four activation rows share each unpacked weight block.
+                    for t0 in (0..n).step_by(4) {
+                        let ts = t0..(t0 + 4).min(n);
+                        let acts: SmallVec<[&[u8]; 4]> = ts.clone().map(act).collect();
+                        let mut outs: SmallVec<[&mut [f32]; 4]> =
+                            ts.map(|t| out_of(t, &rows)).collect();
+                        dot_rows_multi(w.ty, order, w.cols, weights, &acts, &mut outs);
                     }
                     start = rows.end;
                 }
