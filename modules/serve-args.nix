@@ -37,6 +37,8 @@
   (toString limits.body_timeout_sec)
   "--default-max-tokens"
   (toString limits.default_max_tokens)
+  "--engine-stall-timeout"
+  (toString limits.engine_stall_sec)
 ]
 ++ builtins.concatLists (
   map (origin: [

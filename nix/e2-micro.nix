@@ -34,6 +34,23 @@ in
   # module's, which saves an HTTP error page as authorized_keys and never fetches again.
   systemd.services.fetch-ssh-keys.enable = false;
 
+  # The initrd holds the drivers OCI boots with. nixpkgs gives them today (oci-common.nix
+  # imports profiles/qemu-guest.nix: virtio_net, virtio_blk, virtio_scsi among its
+  # availableKernelModules; sd_mod is in the kernel module's default list); this fails the build
+  # if a nixpkgs update drops one.
+  assertions =
+    let
+      missing = import ./initrd-modules.nix {
+        inherit (config.boot.initrd) availableKernelModules kernelModules;
+      };
+    in
+    [
+      {
+        assertion = missing == [ ];
+        message = "the initrd lacks ${toString missing}: add them to boot.initrd.availableKernelModules";
+      }
+    ];
+
   # RAM is the scarce resource: no manual pages or info in the image.
   documentation.enable = false;
 

@@ -42,6 +42,8 @@ pub struct Boot<'a> {
     pub dir: &'a Path,
     /// Policies to take away once SSH answers (to see their checks fail).
     pub remove: &'a [Policy],
+    /// Boot on a disk grown to this size (see `qemu::Config::disk_bytes`).
+    pub disk_bytes: Option<u64>,
 }
 
 impl Guest {
@@ -63,6 +65,7 @@ impl Guest {
                 boot.imds_command.clone(),
             )),
             dir: boot.dir,
+            disk_bytes: boot.disk_bytes,
         })?;
         let ssh = Ssh::new(boot.key, vm.forward(ssh_port));
         let api = Api::plain(vm.forward(api_port));

@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use appliance::tls::{pinned_client, Fingerprint};
@@ -58,6 +58,10 @@ impl Api {
 pub struct Response {
     pub status: u16,
     pub body: String,
+    /// The answer as received, and when each read ended (bytes received by then): when parts of
+    /// a streamed answer arrived.
+    raw: Vec<u8>,
+    arrivals: Vec<(Instant, usize)>,
 }
 
 impl Response {
@@ -65,6 +69,19 @@ impl Response {
     pub fn json(&self) -> Result<Value> {
         serde_json::from_str(&self.body)
             .with_context(|| format!("the answer is not JSON: {}", self.body))
+    }
+
+    /// When the end of the first occurrence of `text` in the raw answer had arrived.
+    pub fn arrival_of(&self, text: &str) -> Option<Instant> {
+        let end = self
+            .raw
+            .windows(text.len().max(1))
+            .position(|w| w == text.as_bytes())?
+            + text.len();
+        self.arrivals
+            .iter()
+            .find(|(_, received)| *received >= end)
+            .map(|(at, _)| *at)
     }
 }
 
@@ -94,12 +111,13 @@ fn request(
         body.len()
     );
     let mut raw = Vec::new();
-    let exchange = |stream: &mut dyn ReadWrite, raw: &mut Vec<u8>| -> Result<()> {
+    let mut arrivals = Vec::new();
+    let mut exchange = |stream: &mut dyn ReadWrite, raw: &mut Vec<u8>| -> Result<()> {
         stream
             .write_all(request.as_bytes())
             .with_context(|| format!("{}: send", what()))?;
         stream.flush()?;
-        read_all(stream, raw)
+        read_all(stream, raw, &mut arrivals)
             .with_context(|| format!("{}: no complete answer within {timeout:?}", what()))
     };
     match api.tls {
@@ -110,7 +128,10 @@ fn request(
             exchange(&mut rustls::StreamOwned::new(tls, tcp), &mut raw)?
         }
     }
-    parse(&raw).with_context(what)
+    let mut response = parse(&raw).with_context(what)?;
+    response.raw = raw;
+    response.arrivals = arrivals;
+    Ok(response)
 }
 
 trait ReadWrite: Read + Write {}
@@ -118,10 +139,26 @@ impl<T: Read + Write> ReadWrite for T {}
 
 /// Reads to the end; a TLS peer that closes without close_notify after a complete answer is
 /// an end too (the answer's own length says whether it is complete).
-fn read_all(stream: &mut dyn ReadWrite, raw: &mut Vec<u8>) -> std::io::Result<()> {
-    match stream.read_to_end(raw) {
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => Ok(()),
-        other => other.map(|_| ()),
+/// Each read's end is noted in `arrivals` (when, bytes so far).
+fn read_all(
+    stream: &mut dyn ReadWrite,
+    raw: &mut Vec<u8>,
+    arrivals: &mut Vec<(Instant, usize)>,
+) -> std::io::Result<()> {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                raw.extend_from_slice(&buf[..n]);
+                arrivals.push((Instant::now(), raw.len()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {
+                return Ok(())
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -149,7 +186,12 @@ fn parse(raw: &[u8]) -> Result<Response> {
     } else {
         body.to_owned()
     };
-    Ok(Response { status, body })
+    Ok(Response {
+        status,
+        body,
+        raw: Vec::new(),
+        arrivals: Vec::new(),
+    })
 }
 
 /// The payload of a chunked body: hexadecimal sizes, each followed by that many bytes.

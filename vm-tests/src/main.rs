@@ -65,6 +65,10 @@ struct Run {
     /// Run the remaining checks after a failure instead of stopping.
     #[arg(long)]
     keep_going: bool,
+    /// The image's model has synthetic weights (`llm-server synth`): its output cannot be
+    /// golden, so `answers` checks that tokens stream back and `usage` counts them instead.
+    #[arg(long)]
+    synthetic_model: bool,
     /// Remove these policies from the guests once they boot, to see the checks guarding them
     /// fail (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -158,9 +162,13 @@ impl Run {
             imds_command: imds_command(Some(&api_keys)),
             dir: &work,
             remove: &self.remove_policy,
+            disk_bytes: None,
         };
+        // The second boot is short (the server refuses that CPU): it also boots on a disk
+        // grown to several GB, as OCI's boot volume is, which costs the suite no extra boot.
         let second_boot = Boot {
             imds_command: imds_command(None),
+            disk_bytes: Some(checks::disk::GROWN_DISK_BYTES),
             ..boot.clone()
         };
         eprintln!(
@@ -171,10 +179,14 @@ impl Run {
 
         let mut suite = Suite::new(self.keep_going);
         let mut timings = Timings::default();
+        let answers = match self.synthetic_model {
+            true => Answers::Streamed,
+            false => Answers::Golden(&golden),
+        };
         let outcome = checks_on_max_cpu(
             &mut suite,
             &boot,
-            &golden,
+            answers,
             &imds_log,
             &api_key,
             &mut timings,
@@ -198,11 +210,20 @@ impl Run {
     }
 }
 
+/// How the `answers` check judges the model's output.
+#[derive(Clone, Copy)]
+enum Answers<'a> {
+    /// Against the golden data in this folder.
+    Golden(&'a Path),
+    /// Synthetic weights: tokens stream back and `usage` counts them.
+    Streamed,
+}
+
 /// Checks 1-5 and 7 on one guest with the CPU the appliance is built for.
 fn checks_on_max_cpu(
     suite: &mut Suite,
     boot: &Boot,
-    golden: &Path,
+    answers: Answers,
     imds_log: &Path,
     api_key: &str,
     timings: &mut Timings,
@@ -241,6 +262,7 @@ fn checks_on_max_cpu(
         "memory-policy",
         "firewall",
         "headroom",
+        "footprint",
         "memory-pressure",
     ];
     let Some(guest) = started.filter(|_| booted) else {
@@ -269,7 +291,10 @@ fn checks_on_max_cpu(
         checks::policy::confinement(&guest.ssh)
     })?;
     suite.check("answers", console, || {
-        let answers = checks::api::run(&guest.api, profile, golden)?;
+        let answers = match answers {
+            Answers::Golden(golden) => checks::api::run(&guest.api, profile, golden)?,
+            Answers::Streamed => checks::api::run_streamed(&guest.api, profile)?,
+        };
         timings.first_answer = Some(answers.first_answer);
         Ok(answers.detail)
     })?;
@@ -281,14 +306,18 @@ fn checks_on_max_cpu(
     suite.check("headroom", console, || {
         checks::headroom::run(&guest.ssh, profile)
     })?;
+    // Also before the pressure test: the figures of a box in ordinary use.
+    suite.check("footprint", console, || {
+        checks::footprint::run(&guest.ssh, &guest.api, profile)
+    })?;
     suite.check("memory-pressure", console, || {
         checks::pressure::run(&guest.ssh, &guest.api)
     })?;
     Ok(())
 }
 
-/// Check 6 on a second, short boot with a CPU that lacks AVX2, whose launch gives no API key:
-/// the box must make its own.
+/// Check 6 on a second, short boot with a CPU that lacks AVX2, whose launch gives no API key
+/// (the box must make its own), on a disk grown past the image (its root must grow).
 fn check_old_cpu(
     suite: &mut Suite,
     boot: &Boot,
@@ -306,9 +335,13 @@ fn check_old_cpu(
     })?;
     let Some(mut guest) = started else {
         suite.not_run("generated-api-key", "the second guest did not boot");
+        suite.not_run("grown-root", "the second guest did not boot");
         return Ok(());
     };
     let console = guest.console();
+    suite.check("grown-root", Some(&console), || {
+        checks::disk::run(&guest.ssh, image_virtual_bytes(boot.image)?)
+    })?;
     suite.check("generated-api-key", Some(&console), || {
         guest.read_secrets(Duration::from_secs(900))?;
         let key = guest.api.key.clone().unwrap_or_default();
@@ -332,6 +365,25 @@ fn check_old_cpu(
         ))
     })?;
     Ok(())
+}
+
+/// The image's virtual disk size, as `qemu-img info` reports it.
+fn image_virtual_bytes(image: &Path) -> Result<u64> {
+    let out = std::process::Command::new("qemu-img")
+        .args(["info", "--output=json"])
+        .arg(image)
+        .output()
+        .context("run qemu-img (apt-get install qemu-utils)")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "qemu-img info {}: {}",
+        image.display(),
+        String::from_utf8_lossy(&out.stderr).trim_end()
+    );
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    info["virtual-size"]
+        .as_u64()
+        .with_context(|| format!("qemu-img info {} gave no virtual-size", image.display()))
 }
 
 fn console_hint(console: &Path) -> String {

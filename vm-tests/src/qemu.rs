@@ -30,6 +30,9 @@ pub struct Config<'a> {
     pub metadata: Option<(String, String)>,
     /// Where the guest's files (console, firmware variables) go.
     pub dir: &'a Path,
+    /// Boot a copy-on-write overlay of the image grown to this many bytes, as OCI's boot volume
+    /// (50 GB at least) is larger than the image: the root must grow into it on first boot.
+    pub disk_bytes: Option<u64>,
 }
 
 /// A running guest; QEMU is killed when it is dropped.
@@ -54,6 +57,10 @@ impl Vm {
                 config.image.display()
             );
         }
+        let disk = match config.disk_bytes {
+            Some(bytes) => grown_overlay(config, bytes)?,
+            None => config.image.to_path_buf(),
+        };
         let vars = config.dir.join(format!("ovmf-vars-{}.fd", config.cpu));
         std::fs::copy(OVMF_VARS, &vars).with_context(|| format!("copy {OVMF_VARS}"))?;
         let console = config.dir.join(format!("console-{}.log", config.cpu));
@@ -90,7 +97,7 @@ impl Vm {
             .arg("-drive")
             .arg(format!(
                 "if=none,id=disk0,format=qcow2,file={}",
-                config.image.display()
+                disk.display()
             ))
             .args(["-device", "scsi-hd,drive=disk0,bus=scsi0.0"])
             .args(["-snapshot", "-nographic", "-monitor", "none"])
@@ -134,6 +141,28 @@ impl Drop for Vm {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A qcow2 overlay in the guest's folder backed by the image (which stays untouched) with a
+/// virtual size of `bytes`: the same disk, with unpartitioned space after the root partition.
+fn grown_overlay(config: &Config, bytes: u64) -> Result<PathBuf> {
+    let overlay = config.dir.join(format!("grown-{}.qcow2", config.cpu));
+    let _ = std::fs::remove_file(&overlay);
+    let out = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(config.image)
+        .arg(&overlay)
+        .arg(bytes.to_string())
+        .output()
+        .context("run qemu-img (apt-get install qemu-utils)")?;
+    if !out.status.success() {
+        bail!(
+            "qemu-img could not make a {bytes}-byte overlay of {}: {}",
+            config.image.display(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        );
+    }
+    Ok(overlay)
 }
 
 /// A loopback port nothing listens on now. QEMU binds it a moment later; another process could

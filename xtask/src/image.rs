@@ -9,6 +9,7 @@
 //! manifest. `--smoke` then boots the result in QEMU.
 
 mod disk;
+mod initrd;
 mod rootfs;
 mod smoke;
 
@@ -156,6 +157,11 @@ impl Image {
         progress.step("assemble the root file system", || {
             rootfs::assemble(sh, &base, &root_dir, &profile, &binaries, &model, &layout)
         })?;
+        progress.step("check the initramfs's boot drivers (lsinitramfs)", || {
+            let seen = initrd::check(sh, &root_dir)?;
+            eprintln!("    {seen}");
+            Ok(())
+        })?;
         let packages = rootfs::package_versions(sh, &root_dir)?;
         let image = out.join(format!("{name}.qcow2"));
         let built = progress.step("make the disk (ext4, ESP, GPT, qcow2)", || {
@@ -283,7 +289,16 @@ fn memory_plan(
     }
     let json = String::from_utf8(out.stdout).context("llm-server plan printed non-UTF-8")?;
     let plan = ServerPlan::parse(&json)?;
-    profile.check_plan(&plan)?;
+    if let Err(e) = profile.check_plan(&plan) {
+        // The planner's own table beside the rule's message: what each part costs.
+        let table_args: Vec<&String> = args.iter().filter(|a| *a != "--json").collect();
+        let table = cmd!(sh, "{server} {table_args...}")
+            .quiet()
+            .ignore_status()
+            .read()
+            .unwrap_or_default();
+        bail!("{e}\n{}", table.trim_end());
+    }
     let mib = |b: u64| b.div_ceil(plan::MIB);
     eprintln!(
         "    the server plans {} MiB (weights {}, KV cache {}, scratch {}, vocabulary {}); \
@@ -396,6 +411,20 @@ mod tests {
             memory_plan(&sh, &server, &model, &profile).unwrap_err()
         );
         assert!(e.contains("high_mib = 576 cannot hold the model"), "{e}");
+        // ... followed by the planner's table (asked for without --json; this stand-in prints
+        // the same text either way).
+        assert!(
+            e.contains(&format!("\"total_bytes\": {}", 600 << 20)),
+            "{e}"
+        );
+        let args = std::fs::read_to_string(dir.join("args")).unwrap();
+        assert_eq!(
+            args.trim_end(),
+            format!(
+                "plan --model {} --ctx-size 2048 --parallel 2",
+                model.display()
+            )
+        );
         // Any other failure of the planner is an error naming the command.
         let server = planner(&dir, "", 3);
         let e = format!(

@@ -74,6 +74,11 @@ const DEBIAN: &[(&str, Need, &str)] = &[
         Need::Image,
         "the Debian base root file system",
     ),
+    (
+        "initramfs-tools-core",
+        Need::Tests,
+        "lsinitramfs checks the image's initrd holds the boot drivers (its test too)",
+    ),
     ("e2fsprogs", Need::Image, "mkfs.ext4 for the root partition"),
     ("dosfstools", Need::Image, "mkfs.fat for the EFI partition"),
     ("mtools", Need::Image, "mcopy into the EFI partition"),

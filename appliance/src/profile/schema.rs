@@ -150,6 +150,11 @@ pub struct Limits {
     pub body_timeout_sec: u32,
     /// Tokens generated when a request gives no `max_tokens` (`--default-max-tokens`).
     pub default_max_tokens: u32,
+    /// Seconds one step of the decode thread (a prompt chunk or a token) may take before the
+    /// server counts it stuck and stops its watchdog pings (`--engine-stall-timeout`); systemd
+    /// then restarts it `server.watchdog_sec` later. It must exceed the slowest step the box
+    /// really takes, or a healthy server is restarted mid-answer.
+    pub engine_stall_sec: u32,
     /// Origins a browser may call the API from (`--cors-origin`; empty = CORS off).
     pub cors_origins: Vec<String>,
 }
@@ -417,6 +422,13 @@ impl Limits {
                      without a timeout a slow client holds its connection forever"
                 ));
             }
+        }
+        if self.engine_stall_sec == 0 {
+            p.push(
+                "server.limits.engine_stall_sec = 0: give the seconds one prompt chunk or token \
+                 may take before the server counts itself stuck"
+                    .into(),
+            );
         }
         if self.default_max_tokens == 0 || self.default_max_tokens > ctx_size {
             p.push(format!(

@@ -65,6 +65,7 @@ pub fn server_args(profile: &Profile) -> Vec<String> {
         ("--header-timeout", l.header_timeout_sec),
         ("--body-timeout", l.body_timeout_sec),
         ("--default-max-tokens", l.default_max_tokens),
+        ("--engine-stall-timeout", l.engine_stall_sec),
     ] {
         args.extend([flag.to_owned(), value.to_string()]);
     }

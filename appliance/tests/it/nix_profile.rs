@@ -18,7 +18,7 @@ use appliance::profile::Profile;
 use appliance::render::{self, File};
 use serde_json::Value;
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the appliance crate is inside the workspace")
@@ -27,7 +27,7 @@ fn repo_root() -> PathBuf {
 
 /// `nix-instantiate` with a store that is never touched: these are pure evaluations, and the
 /// default store would need the Nix daemon (or root).
-fn nix_instantiate() -> Command {
+pub(crate) fn nix_instantiate() -> Command {
     let probe = Command::new("nix-instantiate").arg("--version").output();
     if !probe.is_ok_and(|o| o.status.success()) {
         panic!(

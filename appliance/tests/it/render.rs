@@ -99,7 +99,7 @@ fn server_unit() {
             "NotifyAccess=main",
             "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/gemma-3-270m-q4_k_m.gguf --host 0.0.0.0 --port 8080 --ctx-size 2048 --parallel 2 \
              --rate-limit-key 60 --rate-limit-ip 120 --rate-burst 10 --max-connections 64 \
-             --header-timeout 10 --body-timeout 30 --default-max-tokens 256 \
+             --header-timeout 10 --body-timeout 30 --default-max-tokens 256 --engine-stall-timeout 60 \
              --api-key-file %d/api-keys --tls-cert %d/tls-cert --tls-key %d/tls-key",
             "LoadCredential=api-keys:/var/lib/llm-secrets/api-keys",
             "LoadCredential=tls-cert:/var/lib/llm-secrets/tls-cert.pem",

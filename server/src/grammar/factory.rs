@@ -1,6 +1,6 @@
 //! One compiled vocabulary per tokenizer. Building it (llguidance's token trie) takes about a
 //! second and ~46 MiB for 262k tokens, so it is done at the first constrained request and kept;
-//! a server has one model, so one is kept. The memory plan does not count it yet.
+//! a server has one model, so one is kept. The memory plan counts it (`plan::GRAMMAR_BYTES_PER_TOKEN`).
 
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};

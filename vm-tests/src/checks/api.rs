@@ -88,6 +88,51 @@ fn cases_file(stem: &str) -> String {
     format!("{base}-cases.json")
 }
 
+/// For a model whose output cannot be golden (synthetic weights): `/v1/models` lists it, and a
+/// streamed chat completion sends its tokens back as events that `usage` counts.
+pub fn run_streamed(api: &Api, profile: &Profile) -> Result<Answers> {
+    let ids = listed_models(api, profile)?;
+    let body = json!({
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": CHAT_TOKENS,
+        "temperature": 0,
+    });
+    let chat = super::stream::generate(api, "/v1/chat/completions", body)?;
+    let first_answer = chat.done.duration_since(chat.asked);
+    Ok(Answers {
+        detail: format!(
+            "models {ids:?}; streamed chat {:?}: {} events, usage {} completion tokens ({} \
+             prompt) in {:.0} s (synthetic weights: no golden text)",
+            chat.text().chars().take(40).collect::<String>(),
+            chat.pieces.len(),
+            chat.completion_tokens,
+            chat.prompt_tokens,
+            first_answer.as_secs_f64()
+        ),
+        first_answer,
+    })
+}
+
+/// `/v1/models`' ids, which must include the profile's model.
+fn listed_models(api: &Api, profile: &Profile) -> Result<Vec<String>> {
+    let models = ok_json(api.get("/v1/models", Duration::from_secs(30))?)?;
+    let ids: Vec<String> = models["data"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let file = profile.model.file.as_str();
+    let stem = file.trim_end_matches(".gguf");
+    ensure!(
+        ids.iter().any(|id| id == file || id == stem),
+        "/v1/models lists {ids:?}, not the profile's model {file}"
+    );
+    Ok(ids)
+}
+
 pub fn run(api: &Api, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
     let golden = Golden::load(golden_dir, profile, GOLDEN_PROMPT)?;
     ensure!(
@@ -95,17 +140,7 @@ pub fn run(api: &Api, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
         "the golden continuation has fewer than {GOLDEN_TOKENS} tokens"
     );
 
-    let models = ok_json(api.get("/v1/models", Duration::from_secs(30))?)?;
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
-        .unwrap_or_default();
-    let file = profile.model.file.as_str();
-    let stem = file.trim_end_matches(".gguf");
-    ensure!(
-        ids.iter().any(|id| *id == file || *id == stem),
-        "/v1/models lists {ids:?}, not the profile's model {file}"
-    );
+    let ids = listed_models(api, profile)?;
 
     let asked = Instant::now();
     let chat = ok_json(api.post(

@@ -4,10 +4,13 @@
 
 pub mod api;
 pub mod cpu;
+pub mod disk;
 pub mod firewall;
+pub mod footprint;
 pub mod headroom;
 pub mod policy;
 pub mod pressure;
+pub mod stream;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,8 +18,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 /// How long one generation request may take: under TCG the default model prefills and decodes
-/// at roughly one token per 5 to 20 s, and the checks ask for a handful of tokens.
-pub const GENERATION_TIMEOUT: Duration = Duration::from_secs(900);
+/// at roughly one token per 5 to 30 s, a 1B model four times slower, and the checks ask for a
+/// handful of tokens.
+pub const GENERATION_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// `Key=Value` lines (`systemctl show`) as a map.
 pub fn properties(text: &str) -> BTreeMap<&str, &str> {

@@ -33,12 +33,14 @@ pub fn run(ssh: &Ssh, profile: &Profile) -> Result<String> {
     let parts = sections(&out);
     let mut problems = Vec::new();
 
-    // zram-generator's `ram` is MemTotal in MiB.
-    let ram_mib = meminfo_bytes(section(&parts, "meminfo")?, "MemTotal")? / MIB;
+    let total = meminfo_bytes(section(&parts, "meminfo")?, "MemTotal")?;
     let z = &profile.zram;
-    let want_size = (ram_mib * z.percent_of_ram / 100).min(z.max_mib) * MIB;
+    let want_size = zram_bytes(total, z);
     let size = section(&parts, "disksize")?.trim();
-    if size.parse::<u64>().ok() != Some(want_size) {
+    if !size
+        .parse::<u64>()
+        .is_ok_and(|s| s.abs_diff(want_size) <= ZRAM_ROUNDING)
+    {
         problems.push(format!("zram0 is {size:?} bytes, want {want_size}"));
     }
     let algorithm = selected(section(&parts, "algorithm")?);
@@ -173,6 +175,15 @@ fn exposure(out: &str, unit: &str) -> Option<f64> {
         .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
 }
 
+/// zram-generator evaluates `min(ram * percent / 100, max)` with `ram` as MemTotal in MiB, a
+/// fraction included, and rounds the result to whole pages: within this of the exact figure.
+const ZRAM_ROUNDING: u64 = 64 * 1024;
+
+/// The zram device's size the profile asks for on a guest with `mem_total` bytes.
+fn zram_bytes(mem_total: u64, z: &appliance::profile::Zram) -> u64 {
+    (mem_total / 100 * z.percent_of_ram).min(z.max_mib * MIB)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -191,5 +202,25 @@ mod tests {
             Some("zstd")
         );
         assert_eq!(super::selected("lzo lz4\n"), None);
+    }
+}
+
+#[cfg(test)]
+mod zram_tests {
+    use super::*;
+
+    #[test]
+    fn the_zram_size_is_the_generators_within_a_page_rounding() {
+        let z = |percent, max| appliance::profile::Zram {
+            percent_of_ram: percent,
+            max_mib: max,
+            algorithm: "zstd".into(),
+            swap_priority: 100,
+        };
+        // As the 1B guest showed it: MemTotal 988160 kB, 25% under a 256 MiB cap.
+        let want = zram_bytes(988_160 * 1024, &z(25, 256));
+        assert!(want.abs_diff(252_968_960) <= ZRAM_ROUNDING, "{want}");
+        // Capped: the 270M profile's 384 MiB.
+        assert_eq!(zram_bytes(988_160 * 1024, &z(50, 384)), 384 * MIB);
     }
 }

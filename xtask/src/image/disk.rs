@@ -210,7 +210,7 @@ fn mtools(sh: &Shell, tool: &str, image: &Path, args: &[&str]) -> Result<()> {
 }
 
 /// The one file in `dir` whose name starts with `prefix`.
-fn only_match(dir: &Path, prefix: &str) -> Result<PathBuf> {
+pub(super) fn only_match(dir: &Path, prefix: &str) -> Result<PathBuf> {
     let matches: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("read {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))

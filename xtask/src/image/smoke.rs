@@ -49,6 +49,7 @@ pub fn boot(sh: &Shell, image: &Path, profile: &Profile, out: &Path, timeout: u6
         guest_ports: &[api_port],
         metadata: None,
         dir: out,
+        disk_bytes: None,
     })?;
     let health = vm.forward(api_port);
     let console = vm.console.clone();
