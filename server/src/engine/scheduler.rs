@@ -2,12 +2,13 @@
 //!
 //! Each of the `--parallel` slots owns a [`Session`] (its KV cache and scratch, allocated once at
 //! start-up), which keeps its conversation after a job: a new job goes to the slot whose cache
-//! shares the longest prefix with its prompt, and only the rest is evaluated. One dedicated thread runs every slot, one step per slot per round: a chunk of the
-//! prompt or one generated token. Decoding is CPU-bound and synchronous, so it never runs on the
-//! tokio workers, and round-robin is fair on one or two cores where slots would otherwise fight
-//! over the same CPUs. Jobs come in through the queue and report through their own channel; an
-//! owner that goes away (the client disconnected) drops its receiver, and the slot is freed at
-//! its next step.
+//! its prompt continues, and only the rest is evaluated. One dedicated thread runs every slot in
+//! rounds: a chunk of the prompt for each slot reading one, then one pass over the weights for
+//! every generating slot's next token (and any draft after it). Decoding is CPU-bound and
+//! synchronous, so it never runs on the tokio workers, and rounds are fair on one or two cores
+//! where slots would otherwise fight over the same CPUs. Jobs come in through the queue and
+//! report through their own channel; an owner that goes away (the client disconnected) drops its
+//! receiver, and the slot is freed at its next step.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -576,9 +577,6 @@ impl Task {
         n_ctx: usize,
     ) -> Step {
         let task = self;
-        if let Some(failure) = task.failed.take() {
-            return Step::Finished(Some(Event::Failed(failure)));
-        }
         let mask = match task.constraint.as_mut().map(Constraint::mask).transpose() {
             Ok(mask) => mask,
             Err(e) => {

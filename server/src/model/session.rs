@@ -3,6 +3,8 @@
 //! block } → output. Nothing here allocates after [`Session::new`] (except
 //! [`Session::eval_all`], a diagnostic).
 
+use smallvec::SmallVec;
+
 use super::arch::Ffn;
 use super::attention;
 use super::kv_cache::{KvCache, LLAMA_BATCH, MAX_DRAFT, REWIND, UBATCH};
@@ -283,7 +285,7 @@ pub fn decode_batch(
     let segments = &segments[..inputs.len()];
     let (first, rest) = sessions.split_first_mut().expect("inputs are not empty");
     let s = &mut first.s;
-    let mut kvs: smallvec::SmallVec<[&mut KvCache; 8]> = std::iter::once(&mut first.kv)
+    let mut kvs: SmallVec<[&mut KvCache; 8]> = std::iter::once(&mut first.kv)
         .chain(rest.iter_mut().map(|r| &mut r.kv))
         .collect();
     let b = Batch {
