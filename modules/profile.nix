@@ -96,14 +96,14 @@ let
         [ ]
     );
 
-  # The confinement of the jobs that talk to the metadata service: root, but without
-  # capabilities, nothing writable beyond their own directories, and no address but the
-  # metadata service's.
-  metadataJobConfinement = {
+  # What every unit of the appliance's own is denied: capabilities, privilege changes, writes
+  # outside its own directories, kernel knobs, namespaces, W^X violations, exotic syscalls. The
+  # units add what differs (appliance/src/render/units.rs keeps the same three lists; the
+  # render tests hold them equal).
+  baseConfinement = {
     ProtectSystem = "strict";
     PrivateTmp = true;
     PrivateDevices = true;
-    PrivateMounts = true;
     NoNewPrivileges = true;
     CapabilityBoundingSet = "";
     ProtectKernelTunables = true;
@@ -113,11 +113,6 @@ let
     ProtectClock = true;
     ProtectHostname = true;
     ProtectProc = "invisible";
-    ProcSubset = "pid";
-    RestrictAddressFamilies = [
-      "AF_INET"
-      "AF_INET6"
-    ];
     RestrictNamespaces = true;
     RestrictRealtime = true;
     RestrictSUIDSGID = true;
@@ -127,6 +122,30 @@ let
     SystemCallFilter = [ "@system-service" ];
     SystemCallErrorNumber = "EPERM";
     UMask = "0077";
+  };
+
+  # The server: an unprivileged dynamic user with no home, sockets for its clients and for
+  # sd_notify. It keeps /proc/meminfo and its own cgroup files readable (no ProcSubset=pid;
+  # ProtectControlGroups is read-only): it sizes itself against them.
+  serverConfinement = baseConfinement // {
+    DynamicUser = true;
+    ProtectHome = true;
+    RestrictAddressFamilies = [
+      "AF_INET"
+      "AF_INET6"
+      "AF_UNIX"
+    ];
+  };
+
+  # The jobs that talk to the metadata service: root, but without capabilities, nothing
+  # writable beyond their own directories, and no address but the metadata service's.
+  metadataJobConfinement = baseConfinement // {
+    PrivateMounts = true;
+    ProcSubset = "pid";
+    RestrictAddressFamilies = [
+      "AF_INET"
+      "AF_INET6"
+    ];
     IPAddressDeny = "any";
     IPAddressAllow = "${oci.metadata_address}/32";
   };
@@ -192,35 +211,8 @@ in
       # The server pings the watchdog at half this period while it is healthy. Always set, as
       # 0 (off) when the profile says so, so that it replaces the service module's default.
       WatchdogSec = server.watchdog_sec;
-      DynamicUser = true;
-      ProtectSystem = "strict";
-      ProtectHome = true;
-      PrivateTmp = true;
-      PrivateDevices = true;
-      NoNewPrivileges = true;
-      CapabilityBoundingSet = "";
-      ProtectKernelTunables = true;
-      ProtectKernelModules = true;
-      ProtectKernelLogs = true;
-      ProtectControlGroups = true;
-      ProtectClock = true;
-      ProtectHostname = true;
-      ProtectProc = "invisible";
-      RestrictAddressFamilies = [
-        "AF_INET"
-        "AF_INET6"
-        "AF_UNIX"
-      ];
-      RestrictNamespaces = true;
-      RestrictRealtime = true;
-      RestrictSUIDSGID = true;
-      LockPersonality = true;
-      MemoryDenyWriteExecute = true;
-      SystemCallArchitectures = "native";
-      SystemCallFilter = [ "@system-service" ];
-      SystemCallErrorNumber = "EPERM";
-      UMask = "0077";
-    };
+    }
+    // serverConfinement;
 
     # Sized for this machine, so set by the appliance policy rather than the service module.
     # The memory-mapped weights are page cache charged to the unit: MemoryMin keeps them

@@ -140,31 +140,7 @@ MemoryLow={low}M
 MemoryHigh={high}M
 MemoryMax={max}M
 
-DynamicUser=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
-NoNewPrivileges=yes
-CapabilityBoundingSet=
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-ProtectProc=invisible
-RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallErrorNumber=EPERM
-UMask=0077
-
+{confinement}
 [Install]
 WantedBy=multi-user.target
 ",
@@ -178,6 +154,7 @@ WantedBy=multi-user.target
         low = m.low_mib,
         high = m.high_mib,
         max = m.max_mib,
+        confinement = settings(&server_confinement()),
     )
 }
 
@@ -265,45 +242,68 @@ fn settings(pairs: &[(&str, String)]) -> String {
     pairs.iter().map(|(k, v)| format!("{k}={v}\n")).collect()
 }
 
+/// What every unit of the appliance's own is denied: capabilities, privilege changes, writes
+/// outside its own directories, kernel knobs, namespaces, W^X violations, exotic syscalls. The
+/// units add what differs; modules/profile.nix keeps the same three lists (`baseConfinement`,
+/// `serverConfinement`, `metadataJobConfinement`; the render tests hold them equal).
+const BASE_CONFINEMENT: [(&str, &str); 21] = [
+    ("ProtectSystem", "strict"),
+    ("PrivateTmp", "yes"),
+    ("PrivateDevices", "yes"),
+    ("NoNewPrivileges", "yes"),
+    ("CapabilityBoundingSet", ""),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("ProtectClock", "yes"),
+    ("ProtectHostname", "yes"),
+    ("ProtectProc", "invisible"),
+    ("RestrictNamespaces", "yes"),
+    ("RestrictRealtime", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"),
+    ("MemoryDenyWriteExecute", "yes"),
+    ("SystemCallArchitectures", "native"),
+    ("SystemCallFilter", "@system-service"),
+    ("SystemCallErrorNumber", "EPERM"),
+    ("UMask", "0077"),
+];
+
+/// The base list and then `extra`.
+fn confinement_with(extra: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    BASE_CONFINEMENT
+        .iter()
+        .map(|&(k, v)| (k, v.to_owned()))
+        .chain(extra.iter().cloned())
+        .collect()
+}
+
+/// The server's: an unprivileged dynamic user with no home, sockets for its clients and for
+/// sd_notify.
+fn server_confinement() -> Vec<(&'static str, String)> {
+    confinement_with(&[
+        ("DynamicUser", "yes".into()),
+        ("ProtectHome", "yes".into()),
+        ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX".into()),
+    ])
+}
+
 /// The confinement of the first-boot jobs that talk to the metadata service
 /// (`oci-ssh-keys.service`, `llm-secrets.service`): root, since they write root's files, but
 /// with no capabilities, nothing writable beyond their own directories, and no address but the
-/// metadata service's. modules/profile.nix gives the NixOS units the same (a test holds them
-/// equal).
+/// metadata service's.
 pub fn metadata_job_confinement(profile: &Profile) -> Vec<(&'static str, String)> {
-    let fixed = [
-        ("ProtectSystem", "strict"),
-        ("PrivateTmp", "yes"),
-        ("PrivateDevices", "yes"),
-        ("PrivateMounts", "yes"),
-        ("NoNewPrivileges", "yes"),
-        ("CapabilityBoundingSet", ""),
-        ("ProtectKernelTunables", "yes"),
-        ("ProtectKernelModules", "yes"),
-        ("ProtectKernelLogs", "yes"),
-        ("ProtectControlGroups", "yes"),
-        ("ProtectClock", "yes"),
-        ("ProtectHostname", "yes"),
-        ("ProtectProc", "invisible"),
-        ("ProcSubset", "pid"),
-        ("RestrictAddressFamilies", "AF_INET AF_INET6"),
-        ("RestrictNamespaces", "yes"),
-        ("RestrictRealtime", "yes"),
-        ("RestrictSUIDSGID", "yes"),
-        ("LockPersonality", "yes"),
-        ("MemoryDenyWriteExecute", "yes"),
-        ("SystemCallArchitectures", "native"),
-        ("SystemCallFilter", "@system-service"),
-        ("SystemCallErrorNumber", "EPERM"),
-        ("UMask", "0077"),
-        ("IPAddressDeny", "any"),
-    ];
-    let mut c: Vec<(&str, String)> = fixed.iter().map(|(k, v)| (*k, v.to_string())).collect();
-    c.push((
-        "IPAddressAllow",
-        format!("{}/32", profile.oci.metadata_address),
-    ));
-    c
+    confinement_with(&[
+        ("PrivateMounts", "yes".into()),
+        ("ProcSubset", "pid".into()),
+        ("RestrictAddressFamilies", "AF_INET AF_INET6".into()),
+        ("IPAddressDeny", "any".into()),
+        (
+            "IPAddressAllow",
+            format!("{}/32", profile.oci.metadata_address),
+        ),
+    ])
 }
 
 /// `appliance secrets`' command.
