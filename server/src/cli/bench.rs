@@ -2,13 +2,16 @@
 //!
 //! For every thread count the model is loaded once; then each prompt length is prefilled from an
 //! empty context (`ppN`) and each generation length is decoded greedily one token at a time
-//! after a BOS token (`tgN`), `-r` times each. `bench/peer_bench.py` runs the same workload on
-//! llama.cpp, and `bench/compare.sh` alternates the two.
+//! after a BOS token (`tgN`), `-r` times each. With `--streams S` (S > 1) a generation length is
+//! also decoded by S sessions at once, one batched forward pass per step as the server's
+//! continuous batching runs them (`tgNxS`, aggregate tokens per second of all S).
+//! `bench/peer_bench.py` runs the same workload on llama.cpp, and `bench/compare.sh` alternates
+//! the two.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use llm_server::model::{LoadOptions, Model, Session};
+use llm_server::model::{decode_batch, LoadOptions, Model, Session, UBATCH};
 use serde::Serialize;
 
 use super::CliResult;
@@ -27,6 +30,10 @@ pub struct Bench {
     /// Thread counts, comma-separated.
     #[arg(short = 't', long = "threads", value_delimiter = ',', default_values_t = [1])]
     threads: Vec<usize>,
+    /// Concurrent streams for the decode tests, comma-separated: each S > 1 adds a `tgNxS` test
+    /// of S sessions decoded together in one batched pass per step.
+    #[arg(short = 's', long = "streams", value_delimiter = ',', default_values_t = [1])]
+    streams: Vec<usize>,
     /// Repetitions of every test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     repetitions: usize,
@@ -115,6 +122,23 @@ impl Bench {
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 results.push(TestResult::new(format!("tg{n}"), threads, n, samples));
+                for &k in self.streams.iter().filter(|&&k| k > 1) {
+                    let mut sessions: Vec<Session> =
+                        (0..k).map(|_| model.new_session(n_ctx.max(8))).collect();
+                    let samples = (0..self.repetitions)
+                        .map(|_| {
+                            let r = decode_streams(&model, &mut sessions, &tokens, n);
+                            mem.sample();
+                            r
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    results.push(TestResult::new(
+                        format!("tg{n}x{k}"),
+                        threads,
+                        n * k,
+                        samples,
+                    ));
+                }
             }
         }
         let report = Report {
@@ -140,6 +164,12 @@ impl Bench {
         }
         if self.repetitions == 0 {
             return Err("-r/--repetitions must be at least 1".into());
+        }
+        if let Some(&k) = self.streams.iter().find(|&&k| k == 0 || k > UBATCH) {
+            return Err(format!(
+                "-s/--streams {k}: give between 1 and {UBATCH} streams (one batched pass holds \
+                 at most {UBATCH} rows)"
+            ));
         }
         if self.n_prompt.iter().chain(&self.n_gen).all(|&n| n == 0) {
             return Err(
@@ -173,6 +203,8 @@ fn prefill(
 }
 
 /// Tokens per second decoding `n` tokens greedily after `first` (which is not timed).
+// Not inlined, so `valgrind --tool=callgrind --toggle-collect=` can count one test alone.
+#[inline(never)]
 fn decode(
     model: &Model,
     s: &mut Session,
@@ -186,6 +218,33 @@ fn decode(
         next = argmax(s.eval(model, &[next])?);
     }
     Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Aggregate tokens per second of `sessions.len()` streams decoding `n` tokens each, all in one
+/// batched pass per step; stream i starts after prompt token i (untimed), so the streams differ.
+#[inline(never)]
+fn decode_streams(
+    model: &Model,
+    sessions: &mut [Session],
+    tokens: &[u32],
+    n: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let mut next = Vec::with_capacity(sessions.len());
+    for (i, s) in sessions.iter_mut().enumerate() {
+        s.clear();
+        next.push(argmax(s.eval(model, &[tokens[i % tokens.len()]])?));
+    }
+    let mut batch: Vec<&mut Session> = sessions.iter_mut().collect();
+    let t = Instant::now();
+    for _ in 0..n {
+        let inputs: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let inputs: Vec<&[u32]> = inputs.iter().map(|t| &t[..]).collect();
+        decode_batch(model, &mut batch, &inputs)?;
+        for (t, s) in next.iter_mut().zip(&batch) {
+            *t = argmax(s.logits_row(0));
+        }
+    }
+    Ok((n * batch.len()) as f64 / t.elapsed().as_secs_f64())
 }
 
 fn argmax(l: &[f32]) -> u32 {

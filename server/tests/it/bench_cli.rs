@@ -87,6 +87,31 @@ fn table_output_names_the_tests() {
     );
 }
 
+/// `-s 3` adds a batched test after the single-stream one, counting the tokens of all three
+/// streams.
+#[test]
+fn streams_add_a_batched_decode_test() {
+    let out = bench(&["-p", "0", "-n", "4", "-s", "1,3", "-r", "1", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tests: Vec<(String, u64)> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().unwrap().to_owned(),
+                r["tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(tests, [("tg4".to_owned(), 4), ("tg4x3".to_owned(), 12)]);
+}
+
 #[test]
 fn bad_arguments_are_refused_with_the_cause() {
     refused(&["-t", "0"], "--threads must be at least 1");
@@ -94,6 +119,8 @@ fn bad_arguments_are_refused_with_the_cause() {
     refused(&["-p", "0", "-n", "0"], "nothing to measure");
     refused(&["-p", "x"], "invalid value 'x'");
     refused(&["-p", "100000000"], "lower -p/-n");
+    refused(&["-s", "0"], "--streams 0: give between 1 and");
+    refused(&["-s", "1,1000"], "--streams 1000: give between 1 and");
     let out = Command::new(env!("CARGO_BIN_EXE_llm-server"))
         .args(["bench", "-m", "/nonexistent.gguf"])
         .output()
