@@ -159,9 +159,7 @@ impl Shape {
         } else {
             ""
         };
-        format!(
-            r#"{{{input},"max_tokens":{max_tokens},"temperature":0,"stream":{stream}{usage}}}"#
-        )
+        format!(r#"{{{input},"max_tokens":{max_tokens},"temperature":0,"stream":{stream}{usage}}}"#)
     }
 }
 
