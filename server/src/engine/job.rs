@@ -107,8 +107,8 @@ struct PipeState {
     /// Sent and not yet received.
     pending: Piece,
     end: Option<End>,
-    /// The decode thread let go of the job without an end.
-    dropped: bool,
+    /// Nothing more will come: the end was received, or the decode thread let go of the job.
+    over: bool,
 }
 
 impl Pipe {
@@ -123,7 +123,7 @@ pub(super) fn pipe() -> (Output, Events) {
         state: Mutex::new(PipeState {
             pending: Piece::default(),
             end: None,
-            dropped: false,
+            over: false,
         }),
         wake: Notify::new(),
         closed: AtomicBool::new(false),
@@ -161,7 +161,7 @@ impl Output {
 
 impl Drop for Output {
     fn drop(&mut self) {
-        self.pipe.lock().dropped = true;
+        self.pipe.lock().over = true;
         self.pipe.wake.notify_one();
     }
 }
@@ -195,12 +195,13 @@ impl Events {
             return Some(Some(Event::Text));
         }
         if let Some(end) = state.end.take() {
+            state.over = true;
             return Some(Some(match end {
                 End::Done { finish, usage } => Event::Done { finish, usage },
                 End::Failed(failure) => Event::Failed(failure),
             }));
         }
-        state.dropped.then_some(None)
+        state.over.then_some(None)
     }
 }
 
@@ -240,8 +241,9 @@ mod tests {
             usage,
         };
         assert_eq!(recv(&mut events, &mut piece), Some(done));
-        // After the end the pipe is over.
+        // After the end the pipe is over, though the decode thread still holds its end.
         assert_eq!(recv(&mut events, &mut piece), None);
+        drop(output);
     }
 
     #[test]
