@@ -13,8 +13,6 @@ mod stop;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::mpsc::unbounded_channel;
-
 use crate::model::Model;
 use chat_template::{ChatTemplate, TemplateError, Turn};
 use job::Job;
@@ -25,7 +23,7 @@ pub use counters::{Counters, Liveness};
 /// The decode thread's name: a panic on it ends the process (`serve` installs the hook).
 pub const DECODE_THREAD: &str = "decode";
 pub use generation::{FinishReason, Generation, Usage};
-pub use job::{Event, Events, JobFailure, Refused};
+pub use job::{Event, Events, JobFailure, Piece, Refused};
 pub use stop::StopMatcher;
 
 /// How many jobs run and wait, and how much each may hold.
@@ -123,14 +121,14 @@ impl Engine {
                 n_ctx,
             });
         }
-        let (events, receiver) = unbounded_channel();
+        let (output, events) = job::pipe();
         self.scheduler.submit(Job {
             prompt,
             generation,
             deadline,
-            events,
+            output,
         })?;
-        Ok(receiver)
+        Ok(events)
     }
 
     /// Fails every queued and running job with [`JobFailure::ShuttingDown`], refuses new ones

@@ -7,7 +7,7 @@
 //! every generating slot's next token (and any draft after it). Decoding is CPU-bound and
 //! synchronous, so it never runs on the tokio workers, and rounds are fair on one or two cores
 //! where slots would otherwise fight over the same CPUs. Jobs come in through the queue and
-//! report through their own channel; an owner that goes away (the client disconnected) drops its
+//! report through their own pipe; an owner that goes away (the client disconnected) drops its
 //! receiver, and the slot is freed at its next step.
 
 use std::collections::VecDeque;
@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 use super::counters::Counters;
 use super::draft;
 use super::generation::{FinishReason, Usage};
-use super::job::{Event, Job, JobFailure, Refused};
+use super::job::{End, Job, JobFailure, Refused};
 use super::stop::StopMatcher;
 use super::Slots;
 use crate::grammar::Constraint;
@@ -161,8 +161,8 @@ struct Slot {
 /// The outcome of one step of a slot.
 enum Step {
     Continue,
-    /// The task is over; the event to send once the slot is free (`None`: the client left).
-    Finished(Option<Event>),
+    /// The task is over; the end to report once the slot is free (`None`: the client left).
+    Finished(Option<End>),
 }
 
 /// A job running in a slot.
@@ -205,14 +205,11 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
             loop {
                 if state.stopping {
                     for job in state.pending.drain(..) {
-                        let _ = job.events.send(Event::Failed(JobFailure::ShuttingDown));
+                        job.output.end(End::Failed(JobFailure::ShuttingDown));
                     }
                     for slot in &mut slots {
                         if let Some(task) = slot.task.take() {
-                            let _ = task
-                                .job
-                                .events
-                                .send(Event::Failed(JobFailure::ShuttingDown));
+                            task.job.output.end(End::Failed(JobFailure::ShuttingDown));
                         }
                     }
                     counters.queue_depth.store(0, Relaxed);
@@ -347,11 +344,11 @@ fn pick_slot<'s>(slots: &'s mut [Slot], model: &Model, job: &Job) -> &'s mut Slo
 fn drop_abandoned(pending: &mut VecDeque<Job>, counters: &Counters) {
     let now = Instant::now();
     pending.retain(|job| {
-        if job.events.is_closed() {
+        if job.output.is_closed() {
             counters.cancelled.fetch_add(1, Relaxed);
             false
         } else if now >= job.deadline {
-            let _ = job.events.send(Event::Failed(JobFailure::Timeout));
+            job.output.end(End::Failed(JobFailure::Timeout));
             false
         } else {
             true
@@ -407,16 +404,11 @@ impl Task {
         }
     }
 
-    /// Sends the released text with the log-probabilities gathered since the last piece.
+    /// Sends the released text with the log-probabilities gathered since the last piece (a
+    /// closed pipe is noticed at the next step). Both buffers keep their capacity.
     fn send_text(&mut self) {
-        let text = std::mem::take(&mut self.text);
-        let logprobs = std::mem::take(&mut self.logprobs);
-        self.send(Event::Text { text, logprobs });
-    }
-
-    fn send(&self, event: Event) {
-        // A closed channel is noticed at the next step; nothing to do here.
-        let _ = self.job.events.send(event);
+        self.job.output.text(&self.text, &mut self.logprobs);
+        self.text.clear();
     }
 
     /// Sends what is left of the text; returns the final event.
@@ -433,7 +425,7 @@ impl Task {
                 self.send_text();
             }
         }
-        Step::Finished(Some(Event::Done {
+        Step::Finished(Some(End::Done {
             finish,
             usage: Usage {
                 prompt_tokens: self.prompt_len,
@@ -453,12 +445,12 @@ impl Slot {
         let Some(task) = task.as_mut() else {
             return Step::Continue;
         };
-        if task.job.events.is_closed() {
+        if task.job.output.is_closed() {
             counters.cancelled.fetch_add(1, Relaxed);
             return Step::Finished(None);
         }
         if Instant::now() >= task.job.deadline {
-            return Step::Finished(Some(Event::Failed(JobFailure::Timeout)));
+            return Step::Finished(Some(End::Failed(JobFailure::Timeout)));
         }
         if task.prefilled == task.prompt_len {
             task.prepare_input(session.n_ctx() - session.n_past());
@@ -470,7 +462,7 @@ impl Slot {
         let chunk = task.prefilled..end;
         task.prefilled = end;
         if let Err(e) = session.eval(model, &task.history[chunk.clone()]) {
-            return Step::Finished(Some(Event::Failed(JobFailure::Engine(e.to_string()))));
+            return Step::Finished(Some(End::Failed(JobFailure::Engine(e.to_string()))));
         }
         counters.add_prefill(started.elapsed());
         counters
@@ -490,7 +482,7 @@ impl Slot {
         }
     }
 
-    /// Frees the slot if `step` ended its task, and sends the task's last event.
+    /// Frees the slot if `step` ended its task, and reports how it ended.
     fn end_if_finished(&mut self, step: Step, shared: &Shared, slot_count: usize) {
         let Step::Finished(last) = step else {
             return;
@@ -507,8 +499,8 @@ impl Slot {
             slot_count - state.idle_slots
         };
         shared.counters.busy_slots.store(busy as u64, Relaxed);
-        if let Some(event) = last {
-            let _ = task.job.events.send(event);
+        if let Some(end) = last {
+            task.job.output.end(end);
         }
     }
 
@@ -538,7 +530,7 @@ impl Slot {
             return Step::Continue;
         };
         if let Some(failure) = task.failed.take() {
-            return Step::Finished(Some(Event::Failed(failure)));
+            return Step::Finished(Some(End::Failed(failure)));
         }
         let drafted = task.input.len() - 1;
         let start = session.n_past() - task.input.len();
@@ -579,9 +571,7 @@ impl Task {
         let task = self;
         let mask = match task.constraint.as_mut().map(Constraint::mask).transpose() {
             Ok(mask) => mask,
-            Err(e) => {
-                return Step::Finished(Some(Event::Failed(JobFailure::Engine(e.to_string()))))
-            }
+            Err(e) => return Step::Finished(Some(End::Failed(JobFailure::Engine(e.to_string())))),
         };
         let tokenizer = model.tokenizer();
         let token = match task.job.generation.logprobs {
@@ -613,7 +603,7 @@ impl Task {
         }
         if let Some(constraint) = task.constraint.as_mut() {
             if let Err(e) = constraint.accept(token) {
-                return Step::Finished(Some(Event::Failed(JobFailure::Engine(e.to_string()))));
+                return Step::Finished(Some(End::Failed(JobFailure::Engine(e.to_string()))));
             }
         }
         task.history.push(token);

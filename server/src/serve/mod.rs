@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod openai;
 mod routes;
 pub mod sd_notify;
+mod sse;
 pub mod tls;
 
 use std::sync::{Arc, OnceLock};

@@ -76,8 +76,9 @@ pub struct ChatChunk<'a> {
     pub object: &'static str,
     pub created: u64,
     pub model: &'a str,
-    /// Empty in the final usage chunk, one element otherwise.
-    pub choices: Vec<ChunkChoice<'a>>,
+    /// Empty in the final usage chunk, one element otherwise (borrowed: a chunk per token
+    /// allocates nothing).
+    pub choices: &'a [ChunkChoice<'a>],
     /// Present (null until the last chunk) only when `stream_options.include_usage` is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
@@ -107,7 +108,8 @@ pub struct TextCompletion<'a> {
     pub object: &'static str,
     pub created: u64,
     pub model: &'a str,
-    pub choices: Vec<TextChoice<'a>>,
+    /// As [`ChatChunk::choices`].
+    pub choices: &'a [TextChoice<'a>],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
 }
@@ -164,7 +166,7 @@ mod tests {
             object: "chat.completion.chunk",
             created: 1,
             model: "m",
-            choices: vec![],
+            choices: &[],
             usage: Some(None),
         };
         assert_eq!(

@@ -1,18 +1,16 @@
 //! The answer to a generating request, as OpenAI gives it: all text in one JSON body, or a
-//! stream of server-sent events, a chunk per piece of text.
+//! stream of server-sent events, a chunk per piece of text. Streaming allocates nothing per
+//! piece: the text arrives in a reused [`Piece`] and chunks are written into reused
+//! [`Frames`].
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
-use serde::Serialize;
 
 use crate::engine::chat_template::ToolSyntax;
-use crate::engine::{Event, Events, FinishReason, JobFailure, Usage};
+use crate::engine::{Event, Events, FinishReason, JobFailure, Piece, Usage};
 use crate::sampler::TokenLogprob;
 use crate::serve::error::ApiError;
 use crate::serve::openai::tools;
@@ -20,6 +18,7 @@ use crate::serve::openai::{
     chat_logprobs, completion_logprobs, finish_reason, AssistantMessage, ChatChoice, ChatChunk,
     ChatCompletion, ChunkChoice, Delivery, Delta, TextChoice, TextCompletion,
 };
+use crate::serve::sse::{self, Frames};
 use crate::serve::unix_now;
 
 /// Which endpoint is answered.
@@ -58,14 +57,37 @@ pub async fn answer(
         logprobs: delivery.logprobs,
         tools: delivery.tools,
     };
-    let first = events.recv().await;
+    let mut piece = Piece::default();
+    let first = events.recv(&mut piece).await;
     if let Some(Event::Failed(failure)) = first {
         return Err(failure_error(failure, timeout_secs));
     }
+    let received = Received {
+        events,
+        piece,
+        first: Some(first),
+    };
     if delivery.stream {
-        Ok(sse(meta, first, events, timeout_secs).into_response())
+        Ok(stream(meta, received, timeout_secs))
     } else {
-        collect(meta, first, events, timeout_secs).await
+        collect(meta, received, timeout_secs).await
+    }
+}
+
+/// A job's events, the first already received (into `piece`).
+struct Received {
+    events: Events,
+    piece: Piece,
+    first: Option<Option<Event>>,
+}
+
+impl Received {
+    /// The next event; with [`Event::Text`] the text is in `self.piece`.
+    async fn next(&mut self) -> Option<Event> {
+        match self.first.take() {
+            Some(first) => first,
+            None => self.events.recv(&mut self.piece).await,
+        }
     }
 }
 
@@ -78,22 +100,14 @@ fn failure_error(failure: JobFailure, timeout_secs: u64) -> ApiError {
 }
 
 /// The non-streaming answer: all text, then one JSON body.
-async fn collect(
-    meta: Meta,
-    mut next: Option<Event>,
-    mut rx: Events,
-    timeout: u64,
-) -> Result<Response, ApiError> {
+async fn collect(meta: Meta, mut rx: Received, timeout: u64) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
     loop {
-        match next {
-            Some(Event::Text {
-                text: piece,
-                logprobs: l,
-            }) => {
-                text.push_str(&piece);
-                logprobs.extend(l);
+        match rx.next().await {
+            Some(Event::Text) => {
+                text.push_str(&rx.piece.text);
+                logprobs.append(&mut rx.piece.logprobs);
             }
             Some(Event::Done { finish, usage }) => {
                 return Ok(final_body(&meta, text, &logprobs, finish, usage))
@@ -105,7 +119,6 @@ async fn collect(
                 ))
             }
         }
-        next = rx.recv().await;
     }
 }
 
@@ -160,7 +173,7 @@ fn final_body(
             object: "text_completion",
             created: meta.created,
             model: &meta.model,
-            choices: vec![TextChoice {
+            choices: &[TextChoice {
                 index: 0,
                 text: &text,
                 logprobs,
@@ -172,57 +185,42 @@ fn final_body(
     }
 }
 
-/// The streaming answer. Dropping it (the client left) drops `rx`, which cancels the job.
-fn sse(
-    meta: Meta,
-    first: Option<Event>,
-    rx: Events,
-    timeout: u64,
-) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let mut out = VecDeque::new();
-    if meta.kind == Kind::Chat {
-        // OpenAI opens a chat stream with the role and empty content.
-        out.push_back(meta.chunk(Some("assistant"), Some(""), None, None));
-    }
-    let state = SseState {
+/// The streaming answer. Dropping it (the client left) drops the events, which cancels the job.
+fn stream(meta: Meta, rx: Received, timeout: u64) -> Response {
+    let mut st = SseState {
+        held: meta.tools.is_some().then(String::new),
         meta,
         rx,
-        next: first,
-        out,
+        frames: Frames::default(),
         ended: false,
         timeout,
         text_offset: 0,
-        held: None,
         held_logprobs: Vec::new(),
     };
-    let mut state = state;
-    if state.meta.tools.is_some() {
-        state.held = Some(String::new());
+    if st.meta.kind == Kind::Chat {
+        // OpenAI opens a chat stream with the role and empty content.
+        st.meta
+            .chunk(&mut st.frames, Some("assistant"), Some(""), None, None);
     }
-    let events = stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(event) = st.out.pop_front() {
-                return Some((Ok(event), st));
-            }
-            if st.ended {
-                return None;
-            }
-            let event = match st.next.take() {
-                Some(event) => Some(event),
-                None => st.rx.recv().await,
-            };
+    let frames = stream::unfold(st, |mut st| async move {
+        while !st.ended {
+            let event = st.rx.next().await;
             st.translate(event);
+            // An event may write nothing (text held while it may be a tool call).
+            if let Some(frame) = st.frames.take() {
+                return Some((frame, st));
+            }
         }
+        None
     });
-    Sse::new(events).keep_alive(KeepAlive::default())
+    sse::response(frames)
 }
 
 struct SseState {
     meta: Meta,
-    rx: Events,
-    /// An event received before the stream started.
-    next: Option<Event>,
-    out: VecDeque<SseEvent>,
+    rx: Received,
+    /// The chunks of the events translated since the last frame left.
+    frames: Frames,
     ended: bool,
     timeout: u64,
     /// Characters of completion text sent so far (completions' `text_offset`).
@@ -234,26 +232,24 @@ struct SseState {
 }
 
 impl SseState {
-    /// Queues the SSE events for one engine event.
+    /// Writes the chunks for one engine event.
     fn translate(&mut self, event: Option<Event>) {
         match event {
-            Some(Event::Text { text, logprobs }) => {
+            Some(Event::Text) => {
                 if let (Some(held), Some(syntax)) = (self.held.as_mut(), self.meta.tools) {
-                    held.push_str(&text);
-                    self.held_logprobs.extend(logprobs);
+                    held.push_str(&self.rx.piece.text);
+                    self.held_logprobs.append(&mut self.rx.piece.logprobs);
                     if tools::may_be_call(syntax, held) {
                         return;
                     }
                     let text = self.held.take().unwrap_or_default();
                     let logprobs = std::mem::take(&mut self.held_logprobs);
-                    return self.translate(Some(Event::Text { text, logprobs }));
+                    return self.text_chunk(&text, &logprobs);
                 }
-                let logprobs = self.meta.logprobs.then(|| match self.meta.kind {
-                    Kind::Chat => chat_logprobs(&logprobs),
-                    Kind::Completion => completion_logprobs(&logprobs, &mut self.text_offset),
-                });
-                let chunk = self.meta.chunk(None, Some(&text), logprobs, None);
-                self.out.push_back(chunk);
+                // Taken out for the call and put back: moving a `Piece` allocates nothing.
+                let piece = std::mem::take(&mut self.rx.piece);
+                self.text_chunk(&piece.text, &piece.logprobs);
+                self.rx.piece = piece;
             }
             Some(Event::Done { finish, usage }) => {
                 let mut reason = finish_reason(finish);
@@ -261,27 +257,23 @@ impl SseState {
                     let (content, calls) = tools::parse(syntax, &held);
                     if calls.is_empty() {
                         let logprobs = std::mem::take(&mut self.held_logprobs);
-                        self.translate(Some(Event::Text {
-                            text: held,
-                            logprobs,
-                        }));
+                        self.text_chunk(&held, &logprobs);
                     } else {
                         if let Some(content) = content {
-                            let chunk = self.meta.chunk(None, Some(&content), None, None);
-                            self.out.push_back(chunk);
+                            let frames = &mut self.frames;
+                            self.meta.chunk(frames, None, Some(&content), None, None);
                         }
                         let calls = tools::tool_calls_json(&calls, &self.meta.id);
-                        self.out.push_back(self.meta.tool_chunk(calls));
+                        self.meta.tool_chunk(&mut self.frames, calls);
                         reason = "tool_calls";
                     }
                 }
-                let last = self.meta.chunk(None, None, None, Some(reason));
-                self.out.push_back(last);
+                self.meta
+                    .chunk(&mut self.frames, None, None, None, Some(reason));
                 if self.meta.include_usage {
-                    let usage = self.meta.usage_chunk(usage);
-                    self.out.push_back(usage);
+                    self.meta.usage_chunk(&mut self.frames, usage);
                 }
-                self.out.push_back(SseEvent::default().data("[DONE]"));
+                self.frames.data("[DONE]");
                 self.ended = true;
             }
             Some(Event::Failed(failure)) => {
@@ -293,12 +285,22 @@ impl SseState {
         }
     }
 
+    /// The chunk of a piece of text (empty text with only log-probabilities included).
+    fn text_chunk(&mut self, text: &str, logprobs: &[TokenLogprob]) {
+        let logprobs = self.meta.logprobs.then(|| match self.meta.kind {
+            Kind::Chat => chat_logprobs(logprobs),
+            Kind::Completion => completion_logprobs(logprobs, &mut self.text_offset),
+        });
+        self.meta
+            .chunk(&mut self.frames, None, Some(text), logprobs, None);
+    }
+
     /// A failure after the stream started: an `error` event (the SDKs raise it), then the end.
     fn fail(&mut self, error: ApiError) {
         if let ApiError::Internal(detail) = &error {
             tracing::error!("{detail}");
         }
-        self.out.push_back(json_event(&error.body()));
+        self.frames.json(&error.body());
         self.ended = true;
     }
 }
@@ -307,19 +309,20 @@ impl Meta {
     /// One chunk: for chat a `delta`, for completions the `text`.
     fn chunk(
         &self,
+        frames: &mut Frames,
         role: Option<&'static str>,
         text: Option<&str>,
         logprobs: Option<serde_json::Value>,
         finish: Option<&'static str>,
-    ) -> SseEvent {
+    ) {
         let usage = self.include_usage.then_some(None);
         match self.kind {
-            Kind::Chat => json_event(&ChatChunk {
+            Kind::Chat => frames.json(&ChatChunk {
                 id: &self.id,
                 object: "chat.completion.chunk",
                 created: self.created,
                 model: &self.model,
-                choices: vec![ChunkChoice {
+                choices: &[ChunkChoice {
                     index: 0,
                     delta: Delta {
                         role,
@@ -331,12 +334,12 @@ impl Meta {
                 }],
                 usage,
             }),
-            Kind::Completion => json_event(&TextCompletion {
+            Kind::Completion => frames.json(&TextCompletion {
                 id: &self.id,
                 object: "text_completion",
                 created: self.created,
                 model: &self.model,
-                choices: vec![TextChoice {
+                choices: &[TextChoice {
                     index: 0,
                     text: text.unwrap_or(""),
                     logprobs,
@@ -349,13 +352,13 @@ impl Meta {
 
     /// A chat chunk whose delta is the answer's tool calls, whole (OpenAI splits the
     /// arguments over several deltas; clients concatenate them, so one delta is the same).
-    fn tool_chunk(&self, calls: Vec<serde_json::Value>) -> SseEvent {
-        json_event(&ChatChunk {
+    fn tool_chunk(&self, frames: &mut Frames, calls: Vec<serde_json::Value>) {
+        frames.json(&ChatChunk {
             id: &self.id,
             object: "chat.completion.chunk",
             created: self.created,
             model: &self.model,
-            choices: vec![ChunkChoice {
+            choices: &[ChunkChoice {
                 index: 0,
                 delta: Delta {
                     role: None,
@@ -370,31 +373,26 @@ impl Meta {
     }
 
     /// The extra last chunk of `stream_options.include_usage`: no choices, the usage.
-    fn usage_chunk(&self, usage: Usage) -> SseEvent {
+    fn usage_chunk(&self, frames: &mut Frames, usage: Usage) {
         match self.kind {
-            Kind::Chat => json_event(&ChatChunk {
+            Kind::Chat => frames.json(&ChatChunk {
                 id: &self.id,
                 object: "chat.completion.chunk",
                 created: self.created,
                 model: &self.model,
-                choices: vec![],
+                choices: &[],
                 usage: Some(Some(usage.into())),
             }),
-            Kind::Completion => json_event(&TextCompletion {
+            Kind::Completion => frames.json(&TextCompletion {
                 id: &self.id,
                 object: "text_completion",
                 created: self.created,
                 model: &self.model,
-                choices: vec![],
+                choices: &[],
                 usage: Some(Some(usage.into())),
             }),
         }
     }
-}
-
-fn json_event(value: &impl Serialize) -> SseEvent {
-    // Serializing our own response structs cannot fail (no maps with non-string keys).
-    SseEvent::default().data(serde_json::to_string(value).unwrap_or_default())
 }
 
 /// `chatcmpl-…` / `cmpl-…`: unique within the process and unlikely to repeat across restarts.
