@@ -60,6 +60,13 @@ avx2! {
         unsafe fn quants(&self) -> __m256i {
             _mm256_sub_epi8(nibbles_32(self.qs.as_ptr()), _mm256_set1_epi8(8))
         }
+
+        const OFFSET: Option<i32> = Some(8);
+
+        #[inline(always)]
+        unsafe fn unsigned_quants(&self) -> __m256i {
+            nibbles_32(self.qs.as_ptr())
+        }
     }
 
     impl Kernels for Q4_0 {

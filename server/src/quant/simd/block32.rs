@@ -15,6 +15,16 @@ pub trait SignedBlock32: Block {
     fn d(&self) -> [u8; 2];
     /// The 32 quants as signed bytes, in element order.
     unsafe fn quants(&self) -> __m256i;
+    /// For a format whose quants are unsigned bytes `u` less an offset (Q4_0: nibbles - 8), the
+    /// offset: then `Σ q·a = Σ u·a - offset·Σ a`, and the repacked order, which only needs each
+    /// block's integer total, multiplies `u` by the activations directly (no sign fix-ups) and
+    /// takes `offset·Σ a` from a table made once per activation block.
+    const OFFSET: Option<i32> = None;
+    /// The `u` of [`SignedBlock32::OFFSET`] (unused where that is `None`).
+    #[inline(always)]
+    unsafe fn unsigned_quants(&self) -> __m256i {
+        self.quants()
+    }
 }
 
 /// `acc + d_w*d_a*(w·a)` for one 32-value block.
@@ -309,9 +319,21 @@ pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
     }
     // SAFETY: entries 0..n were written just above; MaybeUninit<T> has T's layout.
     let d_a = std::slice::from_raw_parts(table.as_ptr().cast::<[f32; N]>(), n);
+    // offset·Σa per block and activation row, for the repacked order of an offset format.
+    let mut offsets = [const { MaybeUninit::<[i32; N]>::uninit() }; ROWS_MAX_BLOCKS];
+    let offset = if REPACKED { B::OFFSET } else { None };
+    if let Some(o) = offset {
+        for (i, s) in offsets[..n].iter_mut().enumerate() {
+            s.write(a.map(|a| o * a.get_unchecked(i).qs.iter().map(|&q| q as i32).sum::<i32>()));
+        }
+    }
+    // SAFETY: as for `d_a`; read only when written (`offset` is Some).
+    let offsets = std::slice::from_raw_parts(offsets.as_ptr().cast::<[i32; N]>(), n);
     for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
         let w = super::super::blocks::blocks::<B>(row);
-        let out = if REPACKED {
+        let out = if offset.is_some() {
+            repacked_offset_row(w, a, d_a, offsets)
+        } else if REPACKED {
             repacked_row(w, a, d_a)
         } else {
             vec_dot_row(w, a, d_a)
@@ -367,6 +389,38 @@ unsafe fn repacked_row<B: SignedBlock32, const N: usize>(
             });
             let d = _mm_mul_ps(d_w, _mm_loadu_ps(d_a.as_ptr().add(4 * g)));
             acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(sums)), d, acc[g]);
+        }
+    }
+    let all = [lanes(acc[0]), lanes(acc[1])];
+    std::array::from_fn(|k| all[k / 4][k % 4])
+}
+
+/// [`repacked_row`] of a format with an [`SignedBlock32::OFFSET`]: each block's integer total
+/// is `Σ u·a - offset·Σ a` (`offsets` holding the second term), the same integer, so the chains
+/// see the same operations.
+#[inline(always)]
+unsafe fn repacked_offset_row<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+    d_a: &[[f32; N]],
+    offsets: &[[i32; N]],
+) -> [f32; N] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm_setzero_ps(); 2];
+    for (i, ((wb, d_a), offsets)) in w.iter().zip(d_a).zip(offsets).enumerate() {
+        let wu = wb.unsigned_quants();
+        let d_w = _mm_set1_ps(f16_to_f32(wb.d()));
+        for g in 0..N / 4 {
+            // SAFETY (get_unchecked): as in `vec_dot_row`. u < 16 and |a| ≤ 127 keep maddubs'
+            // pair sums far from i16 saturation.
+            let sums: [__m256i; 4] = std::array::from_fn(|k| {
+                let y = load256(a[4 * g + k].get_unchecked(i).qs.as_ptr().cast());
+                _mm256_madd_epi16(_mm256_maddubs_epi16(wu, y), ones)
+            });
+            let off = _mm_loadu_si128(offsets.as_ptr().add(4 * g).cast());
+            let sumi = _mm_sub_epi32(hsum_i32_x4(sums), off);
+            let d = _mm_mul_ps(d_w, _mm_loadu_ps(d_a.as_ptr().add(4 * g)));
+            acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(sumi), d, acc[g]);
         }
     }
     let all = [lanes(acc[0]), lanes(acc[1])];
