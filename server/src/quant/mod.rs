@@ -266,8 +266,9 @@ fn prefetch(bytes: &[u8]) {
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`, by the
-/// format's four-row kernel ([`Kernels::dot_x4`]; where it has one the weight unpacking is
-/// shared). In the vec_dot and tiled orders results are bit-identical to four [`dot_rows`]
+/// format's [`Kernels::dot_x4_rows`]: its four-row kernel ([`Kernels::dot_x4`]) row by row,
+/// or, for the 32-value formats, a kernel tiled over all the rows that converts the activation
+/// scales once. In the vec_dot and tiled orders results are bit-identical to four [`dot_rows`]
 /// calls; repacked, they follow llama.cpp's gemm, which for Q4_K sums in another order than its
 /// gemv.
 pub fn dot_rows_x4(
