@@ -9,7 +9,8 @@ use super::weights::Mat;
 use smallvec::SmallVec;
 
 use crate::quant::{
-    dot_rows, dot_rows_multi, dot_rows_x4, quantize_row_for, vec_dot_type, DotOrder, GgmlType,
+    dot_rows, dot_rows_multi, dot_rows_x4, dot_rows_x8, quantize_row_for, vec_dot_type, DotOrder,
+    GgmlType,
 };
 use crate::threads::Pool;
 
@@ -171,6 +172,14 @@ pub fn matmul(
                 // sum differently.
                 let weights = weights_of(&range);
                 let mut t = 0;
+                // Two groups of 4 at once where there are: the same results, each weight block
+                // unpacked once for both.
+                while t + 8 <= n {
+                    let outs = std::array::from_fn(|i| out_of(t + i, &range));
+                    let acts = std::array::from_fn(|i| act(t + i));
+                    dot_rows_x8(w.ty, order, w.cols, weights, acts, outs);
+                    t += 8;
+                }
                 while t + 4 <= n {
                     let outs = std::array::from_fn(|i| out_of(t + i, &range));
                     let acts = std::array::from_fn(|i| act(t + i));

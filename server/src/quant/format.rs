@@ -81,6 +81,51 @@ pub trait Kernels: Weight {
     /// is bit-identical to [`Kernels::dot`]; repacked, it follows llama.cpp's gemm, which may
     /// sum in another order than its gemv.
     fn dot_x4(w: &[Self::Block], a: [&[ActBlock<Self>]; 4], order: DotOrder) -> [f32; 4];
+    /// Consecutive weight rows (`row_bytes` each) against four activation rows: prefill's
+    /// matmul, `outs[k][i]` = row i · `a[k]`, each result bit-identical to
+    /// [`Kernels::dot_x4`] of its row. A format that overrides it keeps each output's chain and
+    /// shares, across the rows, the work that depends only on the activations (their scales).
+    #[inline(always)]
+    fn dot_x4_rows(
+        rows: &[u8],
+        row_bytes: usize,
+        a: [&[ActBlock<Self>]; 4],
+        order: DotOrder,
+        outs: [&mut [f32]; 4],
+    ) {
+        dot_x4_rows_by_row::<Self>(rows, row_bytes, a, order, outs);
+    }
+    /// [`Kernels::dot_x4_rows`] for eight activation rows, `outs[k]` bit-identical to what
+    /// `dot_x4_rows` gives for activation row k in its group of four (0..4 or 4..8). The default
+    /// unpacks each weight block once for all eight ([`Kernels::dot_n`]) in the vec_dot and
+    /// tiled orders, where every output is its row's [`Kernels::dot`], and runs the two groups
+    /// of four in the others.
+    #[inline(always)]
+    fn dot_x8_rows(
+        rows: &[u8],
+        row_bytes: usize,
+        a: [&[ActBlock<Self>]; 8],
+        order: DotOrder,
+        outs: [&mut [f32]; 8],
+    ) {
+        match order {
+            DotOrder::VecDot | DotOrder::Tiled => {
+                let mut outs = outs;
+                for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+                    let got = Self::dot_n(super::blocks::blocks(row), a, order);
+                    for (o, v) in outs.iter_mut().zip(got) {
+                        o[i] = v;
+                    }
+                }
+            }
+            _ => {
+                let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
+                let [a0, a1, a2, a3, a4, a5, a6, a7] = a;
+                Self::dot_x4_rows(rows, row_bytes, [a0, a1, a2, a3], order, [o0, o1, o2, o3]);
+                Self::dot_x4_rows(rows, row_bytes, [a4, a5, a6, a7], order, [o4, o5, o6, o7]);
+            }
+        }
+    }
     /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
     /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
     /// other order each result must be bit-identical to [`Kernels::dot`] (so a format shares
@@ -140,4 +185,20 @@ pub fn dot_x4_by_rows<W: Kernels>(
     order: DotOrder,
 ) -> [f32; 4] {
     a.map(|a| W::dot(w, a, order))
+}
+
+/// [`Kernels::dot_x4_rows`] as one [`Kernels::dot_x4`] per row (the default, and the fallback of
+/// the formats' own where their scratch is too small for a row).
+#[inline(always)]
+pub fn dot_x4_rows_by_row<W: Kernels + ?Sized>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: [&[ActBlock<W>]; 4],
+    order: DotOrder,
+    outs: [&mut [f32]; 4],
+) {
+    let [o0, o1, o2, o3] = outs;
+    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+        [o0[i], o1[i], o2[i], o3[i]] = W::dot_x4(super::blocks::blocks(row), a, order);
+    }
 }

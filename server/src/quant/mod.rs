@@ -266,8 +266,9 @@ fn prefetch(bytes: &[u8]) {
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`, by the
-/// format's four-row kernel ([`Kernels::dot_x4`]; where it has one the weight unpacking is
-/// shared). In the vec_dot and tiled orders results are bit-identical to four [`dot_rows`]
+/// format's [`Kernels::dot_x4_rows`]: its four-row kernel ([`Kernels::dot_x4`]) row by row,
+/// or, for the 32-value formats, a kernel tiled over all the rows that converts the activation
+/// scales once. In the vec_dot and tiled orders results are bit-identical to four [`dot_rows`]
 /// calls; repacked, they follow llama.cpp's gemm, which for Q4_K sums in another order than its
 /// gemv.
 pub fn dot_rows_x4(
@@ -299,6 +300,56 @@ pub fn dot_rows_x4(
     })
 }
 
+/// [`dot_rows_x4`] for eight activation rows at once, `outs[k]` bit-identical to what
+/// `dot_rows_x4` gives for row k in its group of four (0..4 or 4..8), in every order: prefill
+/// reads and unpacks each weight block once for eight activation rows where the format can
+/// ([`Kernels::dot_x8_rows`]).
+pub fn dot_rows_x8(
+    w: GgmlType,
+    order: DotOrder,
+    n: usize,
+    rows: &[u8],
+    acts: [&[u8]; 8],
+    outs: [&mut [f32]; 8],
+) {
+    let row_bytes = w
+        .row_bytes(n)
+        .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
+    let Some(row_bytes) = row_bytes else {
+        panic!(
+            "dot_rows_x8: {} bytes are not {} {w} rows of {n} values",
+            rows.len(),
+            outs[0].len()
+        );
+    };
+    for a in acts {
+        check_row_len("dot_rows_x8 (activations)", vec_dot_type(w), n, a.len());
+    }
+    with_weight!(w, W => match order {
+        DotOrder::VecDot => rows_x8_of::<W>(DotOrder::VecDot, row_bytes, rows, acts, outs),
+        DotOrder::Tiled => rows_x8_of::<W>(DotOrder::Tiled, row_bytes, rows, acts, outs),
+        DotOrder::Repacked => rows_x8_of::<W>(DotOrder::Repacked, row_bytes, rows, acts, outs),
+        DotOrder::Free => rows_x8_of::<W>(DotOrder::Free, row_bytes, rows, acts, outs),
+    })
+}
+
+#[inline(always)]
+fn rows_x8_of<W: Kernels>(
+    order: DotOrder,
+    row_bytes: usize,
+    rows: &[u8],
+    acts: [&[u8]; 8],
+    outs: [&mut [f32]; 8],
+) {
+    W::dot_x8_rows(
+        rows,
+        row_bytes,
+        acts.map(blocks::<ActBlock<W>>),
+        order,
+        outs,
+    );
+}
+
 #[inline(always)]
 fn rows_x4_of<W: Kernels>(
     order: DotOrder,
@@ -307,11 +358,13 @@ fn rows_x4_of<W: Kernels>(
     acts: [&[u8]; 4],
     outs: [&mut [f32]; 4],
 ) {
-    let acts = acts.map(blocks::<ActBlock<W>>);
-    let [o0, o1, o2, o3] = outs;
-    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
-        [o0[i], o1[i], o2[i], o3[i]] = W::dot_x4(blocks(row), acts, order);
-    }
+    W::dot_x4_rows(
+        rows,
+        row_bytes,
+        acts.map(blocks::<ActBlock<W>>),
+        order,
+        outs,
+    );
 }
 
 /// [`dot_rows`] for several activation rows at once (a batch of decode streams, or the tokens a

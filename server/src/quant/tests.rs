@@ -205,6 +205,25 @@ proptest! {
         }
     }
 
+    /// `dot_rows_x4` and `dot_rows_x8` (prefill's kernels, which the formats tile over many
+    /// weight rows) over
+    /// 1..=9 weight rows of 1..=9 blocks: every output is its row's own one-row result bit for
+    /// bit, in the orders that keep llama.cpp's: vec_dot (and tiled) per activation row, and for
+    /// the repacked types the written-out gemm.
+    #[test]
+    fn dot_rows_x4_and_x8_of_any_row_count_equal_each_rows_dot_bit_for_bit(
+        seed in any::<u64>(),
+        n_rows in 1usize..=9,
+        blocks in 1usize..=9,
+    ) {
+        let mut rng = Rng(seed);
+        for w in WEIGHT_TYPES {
+            let n = blocks * w.block_len().max(vec_dot_type(w).block_len());
+            let checked = x4_rows_equal_one_row_dots(w, n, n_rows, &mut rng);
+            prop_assert!(checked.is_ok(), "{}", checked.unwrap_err());
+        }
+    }
+
     /// `dot_rows_multi` is `dot_rows` per activation row, bit for bit, in every order, for every
     /// type (those with shared-unpack kernels and the fallback), any row count (the free order's
     /// quads and the rows left over) and 1..=6 activation rows (groups of up to four and a rest).
@@ -305,6 +324,75 @@ proptest! {
                     prop_assert!((x - y).abs() <= bound, "{ty} block {block}: {x} came back as {y}");
                 }
             }
+        }
+    }
+}
+
+/// Checks [`dot_rows_x4`] and [`dot_rows_x8`] over `n_rows` random rows of `n` values against
+/// each row's one-row result (see `dot_rows_x4_and_x8_of_any_row_count_equal_each_rows_dot_bit_for_bit`),
+/// naming the first output that differs.
+fn x4_rows_equal_one_row_dots(
+    w: GgmlType,
+    n: usize,
+    n_rows: usize,
+    rng: &mut Rng,
+) -> Result<(), String> {
+    let rows: Vec<Vec<u8>> = (0..n_rows).map(|_| random_weights(w, n, rng)).collect();
+    let all_rows = rows.concat();
+    let acts: Vec<Vec<u8>> = (0..8)
+        .map(|_| quantized(w, &random_activations(n, rng)))
+        .collect();
+    for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked] {
+        let mut x4 = vec![vec![f32::NAN; n_rows]; 4];
+        let [o0, o1, o2, o3] = &mut x4[..] else {
+            unreachable!()
+        };
+        let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+        dot_rows_x4(w, order, n, &all_rows, acts4, [o0, o1, o2, o3]);
+        let mut x8 = vec![vec![f32::NAN; n_rows]; 8];
+        let outs8: [&mut [f32]; 8] = {
+            let mut it = x8.iter_mut().map(|o| &mut o[..]);
+            std::array::from_fn(|_| it.next().unwrap())
+        };
+        dot_rows_x8(
+            w,
+            order,
+            n,
+            &all_rows,
+            std::array::from_fn(|k| &acts[k][..]),
+            outs8,
+        );
+        for (r, row) in rows.iter().enumerate() {
+            for (k, act) in acts.iter().enumerate() {
+                let want = if order == DotOrder::Repacked && repacked_types().contains(&w) {
+                    repacked_spec(w, row, act, true)
+                } else {
+                    vec_dot(w, order, n, row, act)
+                };
+                let got = [x4.get(k).map(|o| ("x4", o[r])), Some(("x8", x8[k][r]))];
+                for (kernel, got) in got.into_iter().flatten() {
+                    if got.to_bits() != want.to_bits() {
+                        return Err(format!(
+                            "{w} n={n} {order:?} {kernel} row {r} of {n_rows}, act {k}: {got} vs {want}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rows wider than the tiled kernels' scale table (512 blocks of 32) take the per-row kernels:
+/// still each row's own result.
+#[test]
+fn dot_rows_x4_and_x8_of_wide_rows_equal_each_rows_dot_bit_for_bit() {
+    let mut rng = Rng(7);
+    for w in WEIGHT_TYPES {
+        // 528 blocks of 32, 66 super-blocks of 256.
+        let n = 66 * 256;
+        if let Err(e) = x4_rows_equal_one_row_dots(w, n, 3, &mut rng) {
+            panic!("{e}");
         }
     }
 }

@@ -60,9 +60,39 @@ avx2! {
         unsafe fn quants(&self) -> __m256i {
             _mm256_sub_epi8(nibbles_32(self.qs.as_ptr()), _mm256_set1_epi8(8))
         }
+
+        const OFFSET: Option<i32> = Some(8);
+
+        #[inline(always)]
+        unsafe fn unsigned_quants(&self) -> __m256i {
+            nibbles_32(self.qs.as_ptr())
+        }
     }
 
     impl Kernels for Q4_0 {
+        /// [`block32::dot_rows_tiled`]: the activation scales converted once for all the rows.
+        #[inline]
+        fn dot_x4_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8_0]; 4],
+            order: DotOrder,
+            outs: [&mut [f32]; 4],
+        ) {
+            block32::dot_rows_tiled::<Self, 4>(rows, row_bytes, a, order, outs, true);
+        }
+
+        #[inline]
+        fn dot_x8_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8_0]; 8],
+            order: DotOrder,
+            outs: [&mut [f32]; 8],
+        ) {
+            block32::dot_rows_tiled::<Self, 8>(rows, row_bytes, a, order, outs, true);
+        }
+
         #[inline]
         fn dot(w: &[BlockQ4_0], a: &[BlockQ8_0], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay

@@ -2,16 +2,29 @@
 //! says how its block unpacks to 32 signed bytes ([`SignedBlock32`]); these sum the blocks.
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::{dot_i8_quads, fma_scaled, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
 use crate::quant::blocks::{f16_to_f32, Block};
-use crate::quant::formats::q8_0::BlockQ8_0;
+use crate::quant::format::{dot_x4_rows_by_row, Kernels, WeightRow};
+use crate::quant::formats::q8_0::{BlockQ8_0, Q8_0};
+use crate::quant::DotOrder;
 
 /// A 32-value block whose quants unpack to signed bytes, dotted against Q8_0.
 pub trait SignedBlock32: Block {
     fn d(&self) -> [u8; 2];
     /// The 32 quants as signed bytes, in element order.
     unsafe fn quants(&self) -> __m256i;
+    /// For a format whose quants are unsigned bytes `u` less an offset (Q4_0: nibbles - 8), the
+    /// offset: then `Σ q·a = Σ u·a - offset·Σ a`, and the repacked order, which only needs each
+    /// block's integer total, multiplies `u` by the activations directly (no sign fix-ups) and
+    /// takes `offset·Σ a` from a table made once per activation block.
+    const OFFSET: Option<i32> = None;
+    /// The `u` of [`SignedBlock32::OFFSET`] (unused where that is `None`).
+    #[inline(always)]
+    unsafe fn unsigned_quants(&self) -> __m256i {
+        self.quants()
+    }
 }
 
 /// `acc + d_w*d_a*(w·a)` for one 32-value block.
@@ -232,4 +245,184 @@ pub unsafe fn repacked_n<B: SignedBlock32, const N: usize>(
     }
     let all = lanes(acc);
     std::array::from_fn(|t| all[t])
+}
+
+/// [`Kernels::dot_x4_rows`] (`N` = 4) or [`Kernels::dot_x8_rows`] (`N` = 8, two groups of four
+/// computed together) of a 32-value format whose `dot_x4` is [`repacked_n`] in the repacked
+/// order where its row of the table lists that order, and [`vec_dot_n`] in every other order if
+/// `plain_vec_dot`: those go through [`rows_n`]; the rest (IQ4_NL's two-chain vec_dot, rows too
+/// wide for the table) row by row, four activation rows at a time.
+#[inline(always)]
+pub fn dot_rows_tiled<W, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: [&[BlockQ8_0]; N],
+    order: DotOrder,
+    outs: [&mut [f32]; N],
+    plain_vec_dot: bool,
+) where
+    W: Kernels + WeightRow<Act = Q8_0>,
+    W::Block: SignedBlock32,
+{
+    const { assert!(N == 4 || N == 8) };
+    let fits = row_bytes / size_of::<W::Block>() <= ROWS_MAX_BLOCKS;
+    let repacked = order == DotOrder::Repacked && W::ORDERS.contains(&DotOrder::Repacked);
+    // SAFETY: the target has AVX2/FMA/F16C (this module is compiled only then); `rows_n`
+    // checks the lengths it relies on.
+    match (fits, repacked) {
+        (true, true) => unsafe { rows_n::<W::Block, true, N>(rows, row_bytes, a, outs) },
+        (true, false) if plain_vec_dot => unsafe {
+            rows_n::<W::Block, false, N>(rows, row_bytes, a, outs)
+        },
+        _ => {
+            let mut outs = outs.into_iter();
+            for a in a.chunks_exact(4) {
+                let a = [a[0], a[1], a[2], a[3]];
+                let o = std::array::from_fn(|_| outs.next().expect("N is 4 or 8"));
+                dot_x4_rows_by_row::<W>(rows, row_bytes, a, order, o);
+            }
+        }
+    }
+}
+
+/// Blocks per activation row that [`rows_n`]'s scale table holds (16384 values): rows of more
+/// blocks go through the per-row kernels, in the same order.
+pub const ROWS_MAX_BLOCKS: usize = 512;
+
+/// Weight rows (`row_bytes` each) against `N` (4 or 8) activation rows, `outs[k][i]` = row i ·
+/// `a[k]` in vec_dot's order ([`vec_dot_n`]) or, with `REPACKED`, the repacked one
+/// ([`repacked_n`] per group of four), each output bit-identical to those kernels' (the same
+/// chain, the same operations). What changes is what is done once instead of once per weight
+/// row and activation row: each weight block is unpacked once for all `N`, and the activation
+/// scales are converted into a table up front, which each `d_w·d_a` multiplies (the product the
+/// per-row kernels form: an f32 multiply rounds the same either way round). Rows must be at
+/// most [`ROWS_MAX_BLOCKS`] wide.
+#[inline(always)]
+pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: [&[BlockQ8_0]; N],
+    mut outs: [&mut [f32]; N],
+) {
+    let n = row_bytes / size_of::<B>();
+    assert!(
+        n <= ROWS_MAX_BLOCKS && row_bytes == n * size_of::<B>() && a.iter().all(|a| a.len() == n),
+        "rows too wide, or rows and activations of unequal length"
+    );
+    let n_rows = rows.len() / row_bytes;
+    assert!(outs.iter().all(|o| o.len() == n_rows), "outputs of another row count");
+    // Uninitialised, so a call does not clear 16 KiB it will not read: only the first n entries
+    // are written, and only they are read.
+    let mut table = [const { MaybeUninit::<[f32; N]>::uninit() }; ROWS_MAX_BLOCKS];
+    for (i, d) in table[..n].iter_mut().enumerate() {
+        d.write(a.map(|a| f16_to_f32(a.get_unchecked(i).d)));
+    }
+    // SAFETY: entries 0..n were written just above; MaybeUninit<T> has T's layout.
+    let d_a = std::slice::from_raw_parts(table.as_ptr().cast::<[f32; N]>(), n);
+    // offset·Σa per block and activation row, for the repacked order of an offset format.
+    let mut offsets = [const { MaybeUninit::<[i32; N]>::uninit() }; ROWS_MAX_BLOCKS];
+    let offset = if REPACKED { B::OFFSET } else { None };
+    if let Some(o) = offset {
+        for (i, s) in offsets[..n].iter_mut().enumerate() {
+            s.write(a.map(|a| o * a.get_unchecked(i).qs.iter().map(|&q| q as i32).sum::<i32>()));
+        }
+    }
+    // SAFETY: as for `d_a`; read only when written (`offset` is Some).
+    let offsets = std::slice::from_raw_parts(offsets.as_ptr().cast::<[i32; N]>(), n);
+    for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let w = super::super::blocks::blocks::<B>(row);
+        let out = if offset.is_some() {
+            repacked_offset_row(w, a, d_a, offsets)
+        } else if REPACKED {
+            repacked_row(w, a, d_a)
+        } else {
+            vec_dot_row(w, a, d_a)
+        };
+        for (o, v) in outs.iter_mut().zip(out) {
+            // SAFETY: every output holds n_rows values (asserted above).
+            *o.get_unchecked_mut(r) = v;
+        }
+    }
+}
+
+/// One row of [`rows_n`] in vec_dot's order: an eight-lane FMA chain per activation row. Each
+/// `d_w·d_a` is a scalar multiply by the table entry, broadcast (no constant registers: the
+/// quants' unpacking needs them).
+#[inline(always)]
+unsafe fn vec_dot_row<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+    d_a: &[[f32; N]],
+) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, (wb, d_a)) in w.iter().zip(d_a).enumerate() {
+        let wq = wb.quants();
+        let d_w = f16_to_f32(wb.d());
+        for k in 0..N {
+            // SAFETY (get_unchecked): every activation row has w.len() blocks (asserted by
+            // the caller) and i < w.len().
+            let y = a[k].get_unchecked(i);
+            let sumi = dot_i8_quads(wq, load256(y.qs.as_ptr().cast()));
+            let d_k = _mm256_set1_ps(d_w * d_a[k]);
+            acc[k] = _mm256_fmadd_ps(d_k, _mm256_cvtepi32_ps(sumi), acc[k]);
+        }
+    }
+    acc.map(|v| hsum(v))
+}
+
+/// One row of [`rows_n`] in the repacked order: lane k of accumulator g is activation row
+/// 4g+k's scalar chain, as in [`repacked_n`] for group g.
+#[inline(always)]
+unsafe fn repacked_row<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+    d_a: &[[f32; N]],
+) -> [f32; N] {
+    let mut acc = [_mm_setzero_ps(); 2];
+    for (i, (wb, d_a)) in w.iter().zip(d_a).enumerate() {
+        let wq = wb.quants();
+        let d_w = _mm_set1_ps(f16_to_f32(wb.d()));
+        for g in 0..N / 4 {
+            // SAFETY (get_unchecked): as in `vec_dot_row`.
+            let sums: [__m256i; 4] = std::array::from_fn(|k| {
+                dot_i8_quads(wq, load256(a[4 * g + k].get_unchecked(i).qs.as_ptr().cast()))
+            });
+            let d = _mm_mul_ps(d_w, _mm_loadu_ps(d_a.as_ptr().add(4 * g)));
+            acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(sums)), d, acc[g]);
+        }
+    }
+    let all = [lanes(acc[0]), lanes(acc[1])];
+    std::array::from_fn(|k| all[k / 4][k % 4])
+}
+
+/// [`repacked_row`] of a format with an [`SignedBlock32::OFFSET`]: each block's integer total
+/// is `Σ u·a - offset·Σ a` (`offsets` holding the second term), the same integer, so the chains
+/// see the same operations.
+#[inline(always)]
+unsafe fn repacked_offset_row<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+    d_a: &[[f32; N]],
+    offsets: &[[i32; N]],
+) -> [f32; N] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm_setzero_ps(); 2];
+    for (i, ((wb, d_a), offsets)) in w.iter().zip(d_a).zip(offsets).enumerate() {
+        let wu = wb.unsigned_quants();
+        let d_w = _mm_set1_ps(f16_to_f32(wb.d()));
+        for g in 0..N / 4 {
+            // SAFETY (get_unchecked): as in `vec_dot_row`. u < 16 and |a| ≤ 127 keep maddubs'
+            // pair sums far from i16 saturation.
+            let sums: [__m256i; 4] = std::array::from_fn(|k| {
+                let y = load256(a[4 * g + k].get_unchecked(i).qs.as_ptr().cast());
+                _mm256_madd_epi16(_mm256_maddubs_epi16(wu, y), ones)
+            });
+            let off = _mm_loadu_si128(offsets.as_ptr().add(4 * g).cast());
+            let sumi = _mm_sub_epi32(hsum_i32_x4(sums), off);
+            let d = _mm_mul_ps(d_w, _mm_loadu_ps(d_a.as_ptr().add(4 * g)));
+            acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(sumi), d, acc[g]);
+        }
+    }
+    let all = [lanes(acc[0]), lanes(acc[1])];
+    std::array::from_fn(|k| all[k / 4][k % 4])
 }

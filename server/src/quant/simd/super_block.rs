@@ -33,20 +33,14 @@ pub unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
     _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k))
 }
 
-/// `Σ_s scale_s · (q·a)_s` over a [`K4Block`] super-block, `scales` holding the eight scales as
-/// i16 in both 128-bit halves.
-#[inline(always)]
-pub unsafe fn k4_scaled_sum(scales: __m256i, a: &BlockQ8K, b: &impl K4Block) -> __m256i {
-    k4_scaled_sum_of(scales, a, &k4_chunks(b))
-}
-
 /// A [`K4Block`] super-block's 256 quants, as its four [`K4Block::chunk`]s.
 #[inline(always)]
 pub unsafe fn k4_chunks(b: &impl K4Block) -> [(__m256i, __m256i); 4] {
     [b.chunk(0), b.chunk(1), b.chunk(2), b.chunk(3)]
 }
 
-/// [`k4_scaled_sum`] of a super-block's quants already unpacked by [`k4_chunks`].
+/// `Σ_s scale_s · (q·a)_s` over a [`K4Block`] super-block whose quants [`k4_chunks`] unpacked,
+/// `scales` holding the eight scales as i16 in both 128-bit halves.
 #[inline(always)]
 pub unsafe fn k4_scaled_sum_of(
     scales: __m256i,
@@ -61,7 +55,7 @@ pub unsafe fn k4_scaled_sum_of(
 }
 
 /// A [`K4Block`] super-block's scales and mins, unpacked once: the eight 6-bit scales as i16 in
-/// both 128-bit halves (the layout [`k4_scaled_sum`] takes), and the eight mins as i16.
+/// both 128-bit halves (the layout [`k4_scaled_sum_of`] takes), and the eight mins as i16.
 #[inline(always)]
 pub unsafe fn k4_scales_mins(b: &impl K4Block) -> (__m256i, __m128i) {
     let sm = _mm256_cvtepu8_epi16(load128(scales_mins_k4(b.scales()).as_ptr()));
@@ -88,7 +82,7 @@ pub unsafe fn k4_sub_sums(a: &BlockQ8K) -> __m128i {
 }
 
 /// `scale_2c·(q·a)_2c + scale_2c+1·(q·a)_2c+1` as eight i32 partial sums: chunk c (64 values)
-/// given as (values 0..32, 32..64), with `scales` as in [`k4_scaled_sum`].
+/// given as (values 0..32, 32..64), with `scales` as in [`k4_scaled_sum_of`].
 #[inline(always)]
 pub unsafe fn k4_chunk_sum(
     scales: __m256i,
@@ -157,14 +151,6 @@ impl MinTerm for ScalarMins {
     }
 }
 
-/// A [`K4Block`] super-block's integer parts: `Σ_s scale_s·(q·a)_s` in ggml's eight vec_dot lanes
-/// and `min_s·(bsum_2s + bsum_2s+1)` summed pairwise into four lanes.
-#[inline(always)]
-unsafe fn k4_parts(b: &impl K4Block, y: &BlockQ8K) -> (__m256i, __m128i) {
-    let (scales, mins) = k4_scales_mins(b);
-    (k4_scaled_sum(scales, y, b), k4_chunk_min_sums(mins, y))
-}
-
 /// Q4_K/Q5_K in either of llama.cpp's non-repacked orders, the min term summed as `M` in the
 /// vec_dot order.
 #[inline(always)]
@@ -182,7 +168,7 @@ pub unsafe fn k4_dot_n<B: K4Block, M: MinTerm, const N: usize>(
     order: DotOrder,
 ) -> [f32; N] {
     match order {
-        DotOrder::Tiled => a.map(|a| k4_tiled(w, a)),
+        DotOrder::Tiled => k4_tiled_n(w, a),
         _ => k4_vec_dot_n::<B, M, N>(w, a),
     }
 }
@@ -212,15 +198,25 @@ unsafe fn k4_vec_dot_n<B: K4Block, M: MinTerm, const N: usize>(
     std::array::from_fn(|t| hsum(acc[t]) + min_term[t].total())
 }
 
-/// Q4_K/Q5_K in ggml's tiled order (see [`tiled`]): the super-block's value before the
-/// activation scale is `d·sumi - dmin·summ`, the subtraction fused.
+/// Q4_K/Q5_K in ggml's tiled order (see [`tiled`]) against `N` activation rows: the
+/// super-block's value before the activation scale is `d·sumi - dmin·summ`, the subtraction
+/// fused. Its scales, mins and quants are unpacked once for all `N`; each output's chain is the
+/// single row's.
 #[inline(always)]
-unsafe fn k4_tiled<B: K4Block>(w: &[B], a: &[BlockQ8K]) -> f32 {
-    tiled(w, a, |b, y| {
-        let (sumi, mins) = k4_parts(b, y);
-        let scaled = f16_to_f32(b.d()) * hsum_i32(sumi) as f32;
-        (-f16_to_f32(b.dmin())).mul_add(hsum_i32_128(mins) as f32, scaled)
-    })
+unsafe fn k4_tiled_n<B: K4Block, const N: usize>(w: &[B], a: [&[BlockQ8K]; N]) -> [f32; N] {
+    let mut acc = [0.0f32; N];
+    for (i, b) in w.iter().enumerate() {
+        let (scales, mins) = k4_scales_mins(b);
+        let chunks = k4_chunks(b);
+        let (d_w, dmin_w) = (f16_to_f32(b.d()), f16_to_f32(b.dmin()));
+        for (acc, a) in acc.iter_mut().zip(a) {
+            let y = &a[i];
+            let scaled = d_w * hsum_i32(k4_scaled_sum_of(scales, y, &chunks)) as f32;
+            let mins = hsum_i32_128(k4_chunk_min_sums(mins, y)) as f32;
+            *acc = (-dmin_w).mul_add(mins, scaled).mul_add(y.d(), *acc);
+        }
+    }
+    acc
 }
 
 /// The sixteen scales of a super-block of 16-value sub-blocks (Q2_K, Q3_K) as ggml's AVX2 kernels
@@ -281,9 +277,18 @@ pub unsafe fn scaled_dot_n<B: ScaledBlock, const N: usize>(
     sumi: impl Fn(&B, [&BlockQ8K; N]) -> [__m256i; N],
 ) -> [f32; N] {
     match order {
-        DotOrder::Tiled => a.map(|a| {
-            tiled(w, a, |b, y| f16_to_f32(b.d()) * hsum_i32(b.sumi(y)) as f32)
-        }),
+        // The tiled order per output (see [`tiled`]), the super-block unpacked once for all `N`.
+        DotOrder::Tiled => {
+            let mut acc = [0.0f32; N];
+            for (i, b) in w.iter().enumerate() {
+                let d_w = f16_to_f32(b.d());
+                let y: [&BlockQ8K; N] = std::array::from_fn(|t| &a[t][i]);
+                for (t, s) in sumi(b, y).into_iter().enumerate() {
+                    acc[t] = (d_w * hsum_i32(s) as f32).mul_add(y[t].d(), acc[t]);
+                }
+            }
+            acc
+        }
         _ => {
             let mut acc = [_mm256_setzero_ps(); N];
             for (i, b) in w.iter().enumerate() {
