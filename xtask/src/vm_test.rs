@@ -201,7 +201,10 @@ mod tests {
         let loaded = Profile::load(&path).unwrap();
         let link = dir.join("models").join(&loaded.model.file);
         assert_eq!(loaded.model.path.as_deref(), link.to_str());
-        assert_eq!(std::fs::canonicalize(&link).unwrap(), model.canonicalize().unwrap());
+        assert_eq!(
+            std::fs::canonicalize(&link).unwrap(),
+            model.canonicalize().unwrap()
+        );
         assert_eq!(loaded.model.url, None);
         assert_eq!(loaded.model.sha256, sha256);
         assert_eq!(loaded.model.size_bytes, 48);

@@ -228,7 +228,10 @@ mod zram_tests {
         assert!(want.abs_diff(252_968_960) <= ZRAM_ROUNDING, "{want}");
         // A MiB more is a quarter MiB more zram.
         let want = zram_bytes(989_184 * 1024, &z(25, 256));
-        assert!(want.abs_diff(252_968_960 + MIB / 4) <= ZRAM_ROUNDING, "{want}");
+        assert!(
+            want.abs_diff(252_968_960 + MIB / 4) <= ZRAM_ROUNDING,
+            "{want}"
+        );
         // Capped: the 270M profile's 384 MiB.
         assert_eq!(zram_bytes(988_160 * 1024, &z(50, 384)), 384 * MIB);
     }
