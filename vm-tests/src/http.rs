@@ -71,17 +71,21 @@ impl Response {
             .with_context(|| format!("the answer is not JSON: {}", self.body))
     }
 
-    /// When the end of the first occurrence of `text` in the raw answer had arrived.
-    pub fn arrival_of(&self, text: &str) -> Option<Instant> {
-        let end = self
-            .raw
-            .windows(text.len().max(1))
-            .position(|w| w == text.as_bytes())?
+    /// When the end of the first occurrence of `text` at or after byte `from` of the raw answer
+    /// had arrived, and the byte after that occurrence. Events of a stream can be byte for byte
+    /// the same (a synthetic model repeating one token), so each is looked for after the last.
+    pub fn arrival_of(&self, text: &str, from: usize) -> Option<(Instant, usize)> {
+        let end = from
+            + self
+                .raw
+                .get(from..)?
+                .windows(text.len().max(1))
+                .position(|w| w == text.as_bytes())?
             + text.len();
         self.arrivals
             .iter()
             .find(|(_, received)| *received >= end)
-            .map(|(at, _)| *at)
+            .map(|(at, _)| (*at, end))
     }
 }
 
@@ -229,6 +233,26 @@ mod tests {
         let r = parse(raw).unwrap();
         assert_eq!(r.status, 503);
         assert_eq!(r.json().unwrap()["a"], 1);
+    }
+
+    #[test]
+    fn identical_events_each_arrive_when_their_own_bytes_did() {
+        let event = "data: {\"t\":\"\\n\"}\n\n";
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+            2 * event.len()
+        );
+        let raw = format!("{head}{event}{event}");
+        let mut r = parse(raw.as_bytes()).unwrap();
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(20);
+        r.raw = raw.clone().into_bytes();
+        r.arrivals = vec![(t0, head.len() + event.len()), (t1, raw.len())];
+        let raw_event = event.trim_start_matches("data: ").trim_end();
+        let (first, end) = r.arrival_of(raw_event, 0).unwrap();
+        let (second, _) = r.arrival_of(raw_event, end).unwrap();
+        assert_eq!((first, second), (t0, t1));
+        assert_eq!(r.arrival_of(raw_event, raw.len()), None);
     }
 
     #[test]

@@ -230,6 +230,7 @@ fn checks_on_max_cpu(
 ) -> Result<(), Stopped> {
     let profile = boot.profile;
     let mut started = None;
+    let mut pace = None;
     let booted = suite.check("boots-and-ready", None, || {
         let mut guest = Guest::start(boot, guest::MAIN_CPU)?;
         // Boot under TCG takes about a minute; the unit's own start timeout covers the load.
@@ -296,6 +297,7 @@ fn checks_on_max_cpu(
             Answers::Streamed => checks::api::run_streamed(&guest.api, profile)?,
         };
         timings.first_answer = Some(answers.first_answer);
+        pace = answers.pace;
         Ok(answers.detail)
     })?;
     suite.check("memory-policy", console, || {
@@ -308,7 +310,7 @@ fn checks_on_max_cpu(
     })?;
     // Also before the pressure test: the figures of a box in ordinary use.
     suite.check("footprint", console, || {
-        checks::footprint::run(&guest.ssh, &guest.api, profile)
+        checks::footprint::run(&guest.ssh, &guest.api, profile, pace)
     })?;
     suite.check("memory-pressure", console, || {
         checks::pressure::run(&guest.ssh, &guest.api)

@@ -3,7 +3,8 @@
 //!
 //! `--model FILE` tests the profile with another model file, such as one `llm-server synth`
 //! wrote in the real model's shapes and types (real 1B weights cannot be fetched everywhere):
-//! the profile is copied under target/appliance with `model.path` set to the file and its
+//! the profile is copied under target/appliance with `model.path` set to a link to the file
+//! (named as `model.file`, which the image build's plan check holds the plan to) and with its
 //! sha256 and size, and the image is built from that copy whenever it holds another model.
 
 use std::path::{Path, PathBuf};
@@ -103,7 +104,8 @@ impl VmTest {
     }
 }
 
-/// Writes `<dir>/<profile stem>.model.toml`: the profile with `model.path` = `model` (no `url`)
+/// Writes `<dir>/<profile stem>.model.toml`: the profile with `model.path` = a link to `model`
+/// named `<dir>/models/<model.file>` (no `url`)
 /// and the file's sha256 and size; returns its path and the sha256. Loading it checks the rest.
 fn with_model(profile: &Path, model: &Path, dir: &Path) -> Result<(PathBuf, String)> {
     let text =
@@ -116,8 +118,15 @@ fn with_model(profile: &Path, model: &Path, dir: &Path) -> Result<(PathBuf, Stri
     };
     let sha256 = crate::util::sha256_file(model)?;
     let size = std::fs::metadata(model)?.len();
+    // The image build holds the profile to a plan of a file named as `model.file` (the name
+    // the box serves it under), so the file is given through a link of that name.
+    let file = table
+        .get("file")
+        .and_then(|f| f.as_str())
+        .with_context(|| format!("{} has no model.file", profile.display()))?;
+    let link = named_link(model, file, &dir.join("models"))?;
     table.remove("url");
-    table["path"] = toml_edit::value(model.to_string_lossy().as_ref());
+    table["path"] = toml_edit::value(link.to_string_lossy().as_ref());
     table["sha256"] = toml_edit::value(sha256.as_str());
     table["size_bytes"] = toml_edit::value(i64::try_from(size)?);
     let stem = profile
@@ -134,6 +143,26 @@ fn with_model(profile: &Path, model: &Path, dir: &Path) -> Result<(PathBuf, Stri
         .with_context(|| format!("write {}", path.display()))?;
     Profile::load(&path)?;
     Ok((path, sha256))
+}
+
+/// A symlink `<dir>/<file>` to `model` (replacing an older one), so the file can be named as the
+/// profile names its model whatever the file itself is called.
+fn named_link(model: &Path, file: &str, dir: &Path) -> Result<PathBuf> {
+    anyhow::ensure!(
+        !file.is_empty() && !file.contains('/'),
+        "model.file {file:?} is not a file name"
+    );
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let link = dir.join(file);
+    match std::fs::remove_file(&link) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("remove {}", link.display()))
+        }
+        _ => {}
+    }
+    std::os::unix::fs::symlink(model, &link)
+        .with_context(|| format!("link {} to {}", link.display(), model.display()))?;
+    Ok(link)
 }
 
 /// Whether the image builder's manifest (of the last image built) records this model.
@@ -170,7 +199,12 @@ mod tests {
         let profile = test_support::default_profile();
         let (path, sha256) = with_model(&profile, &model, &dir).unwrap();
         let loaded = Profile::load(&path).unwrap();
-        assert_eq!(loaded.model.path.as_deref(), model.to_str());
+        let link = dir.join("models").join(&loaded.model.file);
+        assert_eq!(loaded.model.path.as_deref(), link.to_str());
+        assert_eq!(
+            std::fs::canonicalize(&link).unwrap(),
+            model.canonicalize().unwrap()
+        );
         assert_eq!(loaded.model.url, None);
         assert_eq!(loaded.model.sha256, sha256);
         assert_eq!(loaded.model.size_bytes, 48);

@@ -8,6 +8,7 @@ use anyhow::{bail, ensure, Context, Result};
 use appliance::Profile;
 use serde_json::{json, Value};
 
+use super::pace::Pace;
 use super::GENERATION_TIMEOUT;
 use crate::http::{self, Api};
 
@@ -23,6 +24,8 @@ pub struct Answers {
     pub detail: String,
     /// The chat completion's round trip: the first answer the model gives after boot.
     pub first_answer: Duration,
+    /// Seconds per token of that chat, prompt included, to size later generations by.
+    pub pace: Option<Pace>,
 }
 
 /// The golden greedy continuation of one prompt.
@@ -110,6 +113,7 @@ pub fn run_streamed(api: &Api, profile: &Profile) -> Result<Answers> {
             first_answer.as_secs_f64()
         ),
         first_answer,
+        pace: Pace::of(first_answer, chat.prompt_tokens, chat.completion_tokens),
     })
 }
 
@@ -204,6 +208,11 @@ pub fn run(api: &Api, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
             golden.prompt,
         ),
         first_answer,
+        pace: Pace::of(
+            first_answer,
+            chat["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+            generated,
+        ),
     })
 }
 

@@ -14,14 +14,20 @@ use appliance::plan::MIB;
 use appliance::Profile;
 use serde_json::json;
 
+use super::api::ok_json;
+use super::pace::Pace;
 use super::stream::{self, Streamed};
 use super::{meminfo_bytes, section, sections, verdict};
 use crate::http::Api;
 use crate::ssh::Ssh;
 
-/// Tokens the measured completion generates: enough for a decode rate and faults per token,
-/// few enough for TCG.
+/// Tokens the measured completion generates at most: enough for a decode rate and faults per
+/// token, few enough for TCG. Fewer when the first answer's pace says that many would not end
+/// well inside the server's request timeout (the 1B box under a loaded host), never fewer than
+/// [`MIN_TOKENS`].
 pub const TOKENS: u64 = 8;
+/// The least that still gives a decode rate (it is measured between the first and last token).
+const MIN_TOKENS: u64 = 2;
 const PROMPT: &str = "The capital of France is";
 const CGROUP: &str = "/sys/fs/cgroup/system.slice/llm-server.service";
 
@@ -91,9 +97,36 @@ fn major_faults(stat: &str) -> Option<u64> {
         .ok()
 }
 
-pub fn run(ssh: &Ssh, api: &Api, profile: &Profile) -> Result<String> {
+/// Tokens to ask for after [`PROMPT`]: [`TOKENS`], or fewer at `pace`; and how they were chosen.
+fn sized_tokens(api: &Api, pace: Option<Pace>) -> Result<(u64, String)> {
+    let Some(pace) = pace else {
+        return Ok((TOKENS, "no pace measured".into()));
+    };
+    let tokenized = ok_json(api.post(
+        "/tokenize",
+        &json!({"content": PROMPT, "add_special": true, "parse_special": false}),
+        Duration::from_secs(60),
+    )?)?;
+    let prompt_tokens = tokenized["tokens"]
+        .as_array()
+        .map(|t| t.len() as u64)
+        .with_context(|| format!("/tokenize gave no tokens: {tokenized}"))?;
+    let tokens = pace.tokens_within_timeout(prompt_tokens, MIN_TOKENS, TOKENS);
+    Ok((
+        tokens,
+        format!(
+            "{tokens} of at most {TOKENS} tokens at the first answer's {:.1} s a token, \
+             {:.0} s expected",
+            pace.secs_per_token,
+            pace.expected(prompt_tokens + tokens).as_secs_f64()
+        ),
+    ))
+}
+
+pub fn run(ssh: &Ssh, api: &Api, profile: &Profile, pace: Option<Pace>) -> Result<String> {
+    let (tokens_asked, sizing) = sized_tokens(api, pace)?;
     let idle = snapshot(ssh, profile)?;
-    let body = json!({"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0});
+    let body = json!({"prompt": PROMPT, "max_tokens": tokens_asked, "temperature": 0});
     let generating = {
         let api = api.clone();
         std::thread::spawn(move || stream::generate(&api, "/v1/completions", body))
@@ -152,8 +185,8 @@ pub fn run(ssh: &Ssh, api: &Api, profile: &Profile) -> Result<String> {
     let detail = format!(
         "idle: MemAvailable {} of {} MiB, server cgroup {} MiB, {resident}; during a {tokens}-token \
          completion ({} prompt tokens, first token after {first}, decode {rate} tok/s under TCG, \
-         {:.0} s in all): MemAvailable min {} MiB, cgroup max {} MiB, memory.events high +{} \
-         max +{} oom_kill +{}, {faults} major faults ({:.1} per token); {zram}",
+         {:.0} s in all; {sizing}): MemAvailable min {} MiB, cgroup max {} MiB, memory.events \
+         high +{} max +{} oom_kill +{}, {faults} major faults ({:.1} per token); {zram}",
         mib(idle.available),
         mib(idle.total),
         mib(idle.cgroup),

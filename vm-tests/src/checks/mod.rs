@@ -8,6 +8,7 @@ pub mod disk;
 pub mod firewall;
 pub mod footprint;
 pub mod headroom;
+pub mod pace;
 pub mod policy;
 pub mod pressure;
 pub mod stream;

@@ -175,13 +175,15 @@ fn exposure(out: &str, unit: &str) -> Option<f64> {
         .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
 }
 
-/// zram-generator evaluates `min(ram * percent / 100, max)` with `ram` as MemTotal in MiB, a
-/// fraction included, and rounds the result to whole pages: within this of the exact figure.
+/// zram-generator evaluates `min(ram * percent / 100, max)` with `ram` as MemTotal in whole MiB
+/// (Debian bookworm's 1.1.2 drops the fraction: a guest with MemTotal 988960 kB, 965.8 MiB, got
+/// 25% of 965 MiB), and rounds the result to whole pages: within this of the exact figure.
 const ZRAM_ROUNDING: u64 = 64 * 1024;
 
 /// The zram device's size the profile asks for on a guest with `mem_total` bytes.
 fn zram_bytes(mem_total: u64, z: &appliance::profile::Zram) -> u64 {
-    (mem_total / 100 * z.percent_of_ram).min(z.max_mib * MIB)
+    let ram = mem_total / MIB * MIB;
+    (ram * z.percent_of_ram / 100).min(z.max_mib * MIB)
 }
 
 #[cfg(test)]
@@ -220,6 +222,16 @@ mod zram_tests {
         // As the 1B guest showed it: MemTotal 988160 kB, 25% under a 256 MiB cap.
         let want = zram_bytes(988_160 * 1024, &z(25, 256));
         assert!(want.abs_diff(252_968_960) <= ZRAM_ROUNDING, "{want}");
+        // A later image's kernel left 800 kB more (MemTotal 988960 kB): the same device, as the
+        // generator counts whole MiB.
+        let want = zram_bytes(988_960 * 1024, &z(25, 256));
+        assert!(want.abs_diff(252_968_960) <= ZRAM_ROUNDING, "{want}");
+        // A MiB more is a quarter MiB more zram.
+        let want = zram_bytes(989_184 * 1024, &z(25, 256));
+        assert!(
+            want.abs_diff(252_968_960 + MIB / 4) <= ZRAM_ROUNDING,
+            "{want}"
+        );
         // Capped: the 270M profile's 384 MiB.
         assert_eq!(zram_bytes(988_160 * 1024, &z(50, 384)), 384 * MIB);
     }

@@ -58,7 +58,16 @@ pub fn generate(api: &Api, path: &str, mut body: Value) -> Result<Streamed> {
     let (pieces, usage) = events(&response.body)?;
     let pieces = pieces
         .into_iter()
-        .map(|(text, raw)| (text, response.arrival_of(&raw).unwrap_or(done)))
+        .scan(0, |from, (text, raw)| {
+            let at = match response.arrival_of(&raw, *from) {
+                Some((at, end)) => {
+                    *from = end;
+                    at
+                }
+                None => done,
+            };
+            Some((text, at))
+        })
         .collect::<Vec<_>>();
     let count = |key: &str| usage.as_ref().and_then(|u| u[key].as_u64()).unwrap_or(0);
     let streamed = Streamed {
