@@ -113,8 +113,8 @@ fn keys_and_tls(profile: &Profile, p: &mut Vec<String>) {
 }
 
 /// The server's limits against `plan`, which must be the server's plan of the profile's model
-/// at its context and slots: MemoryMin protects the weights, MemoryHigh holds the whole plan
-/// plus [`RUNTIME_ALLOWANCE_BYTES`].
+/// at its context and slots: MemoryMin protects the weights, MemoryLow the whole plan, and
+/// MemoryHigh holds the whole plan plus [`RUNTIME_ALLOWANCE_BYTES`].
 pub(super) fn memory(profile: &Profile, plan: &ServerPlan) -> Vec<String> {
     let s = &profile.server;
     let planned_file = Path::new(&plan.model)
@@ -146,6 +146,14 @@ pub(super) fn memory(profile: &Profile, plan: &ServerPlan) -> Vec<String> {
             "server.memory.min_mib = {} does not protect the model's {weights_mib} MiB of \
              weights from reclaim: raise it to at least {weights_mib}",
             m.min_mib
+        ));
+    }
+    let plan_mib = mib(plan.total_bytes);
+    if m.low_mib < plan_mib {
+        p.push(format!(
+            "server.memory.low_mib = {} protects less than the server's {plan_mib} MiB plan \
+             (weights, KV cache, scratch, vocabulary): raise it to at least {plan_mib}",
+            m.low_mib
         ));
     }
     let need_mib = mib(plan.total_bytes.saturating_add(RUNTIME_ALLOWANCE_BYTES));

@@ -168,6 +168,11 @@ fn limits_must_protect_the_weights_and_be_ordered() {
         e.contains("min_mib = 128 does not protect the model's 236 MiB"),
         "{e}"
     );
+    let e = plan_error_of(&edited("low_mib = 448", "low_mib = 300"), &plan());
+    assert!(
+        e.contains("low_mib = 300 protects less than the server's 301 MiB plan"),
+        "{e}"
+    );
     let e = error_of(&edited("max_mib = 640", "max_mib = 560"));
     assert!(
         e.contains("min_mib <= low_mib <= high_mib <= max_mib"),
