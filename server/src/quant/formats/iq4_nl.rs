@@ -63,28 +63,8 @@ avx2! {
     }
 
     impl Kernels for Iq4Nl {
-        /// [`block32::dot_rows_tiled`] in the repacked order (the two-chain vec_dot goes row by row).
-        #[inline]
-        fn dot_x4_rows(
-            rows: &[u8],
-            row_bytes: usize,
-            a: [&[BlockQ8_0]; 4],
-            order: DotOrder,
-            outs: [&mut [f32]; 4],
-        ) {
-            block32::dot_rows_tiled::<Self, 4>(rows, row_bytes, a, order, outs, false);
-        }
-
-        #[inline]
-        fn dot_x8_rows(
-            rows: &[u8],
-            row_bytes: usize,
-            a: [&[BlockQ8_0]; 8],
-            order: DotOrder,
-            outs: [&mut [f32]; 8],
-        ) {
-            block32::dot_rows_tiled::<Self, 8>(rows, row_bytes, a, order, outs, false);
-        }
+        // [`block32::dot_rows_tiled`] in the repacked order (the two-chain vec_dot goes row by row).
+        block32::tiled_rows!(plain_vec_dot: false);
 
         /// vec_dot with ggml's two chains ([`block32::vec_dot_pairs`]), or the repacked chain.
         #[inline]

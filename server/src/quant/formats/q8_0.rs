@@ -74,28 +74,8 @@ avx2! {
     }
 
     impl Kernels for Q8_0 {
-        /// [`block32::dot_rows_tiled`]: the activation scales converted once for all the rows.
-        #[inline]
-        fn dot_x4_rows(
-            rows: &[u8],
-            row_bytes: usize,
-            a: [&[BlockQ8_0]; 4],
-            order: DotOrder,
-            outs: [&mut [f32]; 4],
-        ) {
-            block32::dot_rows_tiled::<Self, 4>(rows, row_bytes, a, order, outs, true);
-        }
-
-        #[inline]
-        fn dot_x8_rows(
-            rows: &[u8],
-            row_bytes: usize,
-            a: [&[BlockQ8_0]; 8],
-            order: DotOrder,
-            outs: [&mut [f32]; 8],
-        ) {
-            block32::dot_rows_tiled::<Self, 8>(rows, row_bytes, a, order, outs, true);
-        }
+        // [`block32::dot_rows_tiled`]: the activation scales converted once for all the rows.
+        block32::tiled_rows!(plain_vec_dot: true);
 
         #[inline]
         fn dot(w: &[BlockQ8_0], a: &[BlockQ8_0], _order: DotOrder) -> f32 {

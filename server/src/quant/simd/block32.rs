@@ -247,6 +247,39 @@ pub unsafe fn repacked_n<B: SignedBlock32, const N: usize>(
     std::array::from_fn(|t| all[t])
 }
 
+/// The [`Kernels::dot_x4_rows`] and [`Kernels::dot_x8_rows`] of a 32-value format, both
+/// [`dot_rows_tiled`] (`plain_vec_dot` as there), written once for the formats' `impl Kernels`.
+macro_rules! tiled_rows {
+    (plain_vec_dot: $plain:expr) => {
+        #[inline]
+        fn dot_x4_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[$crate::quant::formats::q8_0::BlockQ8_0]; 4],
+            order: $crate::quant::DotOrder,
+            outs: [&mut [f32]; 4],
+        ) {
+            $crate::quant::simd::block32::dot_rows_tiled::<Self, 4>(
+                rows, row_bytes, a, order, outs, $plain,
+            );
+        }
+
+        #[inline]
+        fn dot_x8_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[$crate::quant::formats::q8_0::BlockQ8_0]; 8],
+            order: $crate::quant::DotOrder,
+            outs: [&mut [f32]; 8],
+        ) {
+            $crate::quant::simd::block32::dot_rows_tiled::<Self, 8>(
+                rows, row_bytes, a, order, outs, $plain,
+            );
+        }
+    };
+}
+pub(crate) use tiled_rows;
+
 /// [`Kernels::dot_x4_rows`] (`N` = 4) or [`Kernels::dot_x8_rows`] (`N` = 8, two groups of four
 /// computed together) of a 32-value format whose `dot_x4` is [`repacked_n`] in the repacked
 /// order where its row of the table lists that order, and [`vec_dot_n`] in every other order if
