@@ -279,19 +279,15 @@ pub fn dot_rows_x4(
     acts: [&[u8]; 4],
     outs: [&mut [f32]; 4],
 ) {
-    let row_bytes = w
-        .row_bytes(n)
-        .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
-    let Some(row_bytes) = row_bytes else {
-        panic!(
-            "dot_rows_x4: {} bytes are not {} {w} rows of {n} values",
-            rows.len(),
-            outs[0].len()
-        );
-    };
-    for a in acts {
-        check_row_len("dot_rows_x4 (activations)", vec_dot_type(w), n, a.len());
-    }
+    let row_bytes = checked_rows(
+        "dot_rows_x4",
+        "dot_rows_x4 (activations)",
+        w,
+        n,
+        rows,
+        &acts,
+        &outs,
+    );
     with_weight!(w, W => match order {
         DotOrder::VecDot => rows_x4_of::<W>(DotOrder::VecDot, row_bytes, rows, acts, outs),
         DotOrder::Tiled => rows_x4_of::<W>(DotOrder::Tiled, row_bytes, rows, acts, outs),
@@ -312,19 +308,15 @@ pub fn dot_rows_x8(
     acts: [&[u8]; 8],
     outs: [&mut [f32]; 8],
 ) {
-    let row_bytes = w
-        .row_bytes(n)
-        .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
-    let Some(row_bytes) = row_bytes else {
-        panic!(
-            "dot_rows_x8: {} bytes are not {} {w} rows of {n} values",
-            rows.len(),
-            outs[0].len()
-        );
-    };
-    for a in acts {
-        check_row_len("dot_rows_x8 (activations)", vec_dot_type(w), n, a.len());
-    }
+    let row_bytes = checked_rows(
+        "dot_rows_x8",
+        "dot_rows_x8 (activations)",
+        w,
+        n,
+        rows,
+        &acts,
+        &outs,
+    );
     with_weight!(w, W => match order {
         DotOrder::VecDot => rows_x8_of::<W>(DotOrder::VecDot, row_bytes, rows, acts, outs),
         DotOrder::Tiled => rows_x8_of::<W>(DotOrder::Tiled, row_bytes, rows, acts, outs),
@@ -392,19 +384,15 @@ pub fn dot_rows_multi(
         acts.len(),
         outs.len()
     );
-    let n_rows = outs.first().map_or(0, |o| o.len());
-    let row_bytes = w
-        .row_bytes(n)
-        .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
-    let Some(row_bytes) = row_bytes else {
-        panic!(
-            "dot_rows_multi: {} bytes are not {n_rows} {w} rows of {n} values",
-            rows.len()
-        );
-    };
-    for a in acts {
-        check_row_len("dot_rows_multi (activations)", vec_dot_type(w), n, a.len());
-    }
+    let row_bytes = checked_rows(
+        "dot_rows_multi",
+        "dot_rows_multi (activations)",
+        w,
+        n,
+        rows,
+        acts,
+        outs,
+    );
     for (acts, outs) in acts.chunks(4).zip(outs.chunks_mut(4)) {
         with_weight!(w, W => match acts.len() {
             1 => dot_rows(w, order, n, rows, acts[0], outs[0]),
@@ -485,6 +473,35 @@ fn rows_4_n_of<W: Kernels, const N: usize>(
             o[i] = v;
         }
     }
+}
+
+/// The bytes of one weight row of [`dot_rows_x4`], [`dot_rows_x8`] and [`dot_rows_multi`], after
+/// checking that `rows` holds as many `w` rows of `n` values as every output has elements and
+/// that every activation row holds `n` values. Panics naming `what` (`acts_what` for an
+/// activation row) otherwise: a caller bug.
+fn checked_rows(
+    what: &str,
+    acts_what: &str,
+    w: GgmlType,
+    n: usize,
+    rows: &[u8],
+    acts: &[&[u8]],
+    outs: &[&mut [f32]],
+) -> usize {
+    let n_rows = outs.first().map_or(0, |o| o.len());
+    let row_bytes = w
+        .row_bytes(n)
+        .filter(|&b| b > 0 && outs.iter().all(|o| rows.len() == b * o.len()));
+    let Some(row_bytes) = row_bytes else {
+        panic!(
+            "{what}: {} bytes are not {n_rows} {w} rows of {n} values",
+            rows.len()
+        );
+    };
+    for a in acts {
+        check_row_len(acts_what, vec_dot_type(w), n, a.len());
+    }
+    row_bytes
 }
 
 /// Dequantises one row of type `ty` (e.g. an embedding row) into `out` (length n).
