@@ -33,18 +33,17 @@ pub enum Event {
     /// log-probabilities of the tokens generated since the last piece (when asked for; a token
     /// whose text is held back, e.g. half a UTF-8 character, comes with a later piece).
     Text,
+    End(End),
+}
+
+/// How a job ended, as the decode thread reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
     /// The job ran to its end.
     Done {
         finish: FinishReason,
         usage: Usage,
     },
-    Failed(JobFailure),
-}
-
-/// How a job ended, as the decode thread reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum End {
-    Done { finish: FinishReason, usage: Usage },
     Failed(JobFailure),
 }
 
@@ -196,10 +195,7 @@ impl Events {
         }
         if let Some(end) = state.end.take() {
             state.over = true;
-            return Some(Some(match end {
-                End::Done { finish, usage } => Event::Done { finish, usage },
-                End::Failed(failure) => Event::Failed(failure),
-            }));
+            return Some(Some(Event::End(end)));
         }
         state.over.then_some(None)
     }
@@ -236,10 +232,10 @@ mod tests {
         let mut piece = Piece::default();
         assert_eq!(recv(&mut events, &mut piece), Some(Event::Text));
         assert_eq!(piece.text, "Hello");
-        let done = Event::Done {
+        let done = Event::End(End::Done {
             finish: FinishReason::Length,
             usage,
-        };
+        });
         assert_eq!(recv(&mut events, &mut piece), Some(done));
         // After the end the pipe is over, though the decode thread still holds its end.
         assert_eq!(recv(&mut events, &mut piece), None);
@@ -286,7 +282,7 @@ mod tests {
         let mut piece = Piece::default();
         assert_eq!(recv(&mut events, &mut piece), Some(Event::Text));
         assert_eq!(piece.text, "late");
-        let failed = Event::Failed(JobFailure::Timeout);
+        let failed = Event::End(End::Failed(JobFailure::Timeout));
         assert_eq!(recv(&mut events, &mut piece), Some(failed));
         sender.join().unwrap();
     }

@@ -23,7 +23,7 @@ pub use counters::{Counters, Liveness};
 /// The decode thread's name: a panic on it ends the process (`serve` installs the hook).
 pub const DECODE_THREAD: &str = "decode";
 pub use generation::{FinishReason, Generation, Usage};
-pub use job::{Event, Events, JobFailure, Piece, Refused};
+pub use job::{End, Event, Events, JobFailure, Piece, Refused};
 pub use stop::StopMatcher;
 
 /// How many jobs run and wait, and how much each may hold.

@@ -10,7 +10,7 @@ use axum::Json;
 use futures_util::stream;
 
 use crate::engine::chat_template::ToolSyntax;
-use crate::engine::{Event, Events, FinishReason, JobFailure, Piece, Usage};
+use crate::engine::{End, Event, Events, FinishReason, JobFailure, Piece, Usage};
 use crate::sampler::TokenLogprob;
 use crate::serve::error::ApiError;
 use crate::serve::openai::tools;
@@ -59,7 +59,7 @@ pub async fn answer(
     };
     let mut piece = Piece::default();
     let first = events.recv(&mut piece).await;
-    if let Some(Event::Failed(failure)) = first {
+    if let Some(Event::End(End::Failed(failure))) = first {
         return Err(failure_error(failure, timeout_secs));
     }
     let received = Received {
@@ -109,10 +109,10 @@ async fn collect(meta: Meta, mut rx: Received, timeout: u64) -> Result<Response,
                 text.push_str(&rx.piece.text);
                 logprobs.append(&mut rx.piece.logprobs);
             }
-            Some(Event::Done { finish, usage }) => {
+            Some(Event::End(End::Done { finish, usage })) => {
                 return Ok(final_body(&meta, text, &logprobs, finish, usage))
             }
-            Some(Event::Failed(failure)) => return Err(failure_error(failure, timeout)),
+            Some(Event::End(End::Failed(failure))) => return Err(failure_error(failure, timeout)),
             None => {
                 return Err(ApiError::Internal(
                     "the decode thread dropped a request".into(),
@@ -251,7 +251,7 @@ impl SseState {
                 self.text_chunk(&piece.text, &piece.logprobs);
                 self.rx.piece = piece;
             }
-            Some(Event::Done { finish, usage }) => {
+            Some(Event::End(End::Done { finish, usage })) => {
                 let mut reason = finish_reason(finish);
                 if let (Some(held), Some(syntax)) = (self.held.take(), self.meta.tools) {
                     let (content, calls) = tools::parse(syntax, &held);
@@ -276,7 +276,7 @@ impl SseState {
                 self.frames.data("[DONE]");
                 self.ended = true;
             }
-            Some(Event::Failed(failure)) => {
+            Some(Event::End(End::Failed(failure))) => {
                 self.fail(failure_error(failure, self.timeout));
             }
             None => self.fail(ApiError::Internal(
