@@ -46,9 +46,48 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::Kernels;
+    use crate::quant::blocks::f16_to_f32;
     use crate::quant::simd::block32::{self, SignedBlock32};
+    use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::{iq4nl_grid, nibbles_32};
     use crate::quant::DotOrder;
+
+    /// Blocks per tile of [`repacked_rows_x8`]: 48 × 544 bytes of widened activations, 26 KiB.
+    const TILE: usize = 48;
+
+    /// Weight rows against eight activation rows in the repacked order, `outs[k][r]` bit-identical
+    /// to [`block32::repacked_n`] of row r and activation row k (its group of four): per block
+    /// the exact integer dot, then `acc + sumi·(d_w·d_a)` with one rounding, lane k of one
+    /// accumulator for activation row k. Each block's grid lookup runs once for the eight
+    /// activation rows, which were widened to i16 once for all the rows ([`iq4::rows_x8`]); the
+    /// eight integer dots are reduced together and converted, scaled and added in one
+    /// instruction each.
+    #[inline(always)]
+    unsafe fn repacked_rows_x8(
+        rows: &[u8],
+        row_bytes: usize,
+        a: [&[BlockQ8_0]; 8],
+        outs: [&mut [f32]; 8],
+    ) {
+        let n = row_bytes / size_of::<BlockIq4Nl>();
+        assert!(a.iter().all(|a| a.len() == n), "activations of another width");
+        let widen = |i: usize, e: *mut Acts<QK>| {
+            for (k, a) in a.iter().enumerate() {
+                // SAFETY: i < n, the activations' length (asserted above); `e` points at a
+                // tile entry.
+                let y = a.get_unchecked(i);
+                iq4::widen_32(y.qs.as_ptr(), std::ptr::addr_of_mut!((*e).q[k]).cast());
+                (*e).d[k] = f16_to_f32(y.d);
+            }
+        };
+        let dot = |b: &BlockIq4Nl, e: &Acts<QK>, acc: __m256| {
+            let w = grid_i16(b.qs.as_ptr());
+            let sums = sum_lanes_x8(std::array::from_fn(|k| dot_i16(w, e.q[k].as_ptr())));
+            let d = _mm256_mul_ps(broadcast_f16(b.d), _mm256_loadu_ps(e.d.as_ptr()));
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc)
+        };
+        iq4::rows_x8::<BlockIq4Nl, QK, TILE>(rows, row_bytes, n, outs, widen, dot);
+    }
 
     impl SignedBlock32 for BlockIq4Nl {
         #[inline(always)]
@@ -63,8 +102,36 @@ avx2! {
     }
 
     impl Kernels for Iq4Nl {
-        // [`block32::dot_rows_tiled`] in the repacked order (the two-chain vec_dot goes row by row).
-        block32::tiled_rows!(plain_vec_dot: false);
+        /// [`block32::dot_rows_tiled`] in the repacked order (the two-chain vec_dot goes row by
+        /// row).
+        #[inline]
+        fn dot_x4_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8_0]; 4],
+            order: DotOrder,
+            outs: [&mut [f32]; 4],
+        ) {
+            block32::dot_rows_tiled::<Self, 4>(rows, row_bytes, a, order, outs, false);
+        }
+
+        /// Repacked (prefill's order: the model's rows come in eights), [`repacked_rows_x8`];
+        /// otherwise as [`Kernels::dot_x4_rows`].
+        #[inline]
+        fn dot_x8_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8_0]; 8],
+            order: DotOrder,
+            outs: [&mut [f32]; 8],
+        ) {
+            match order {
+                // SAFETY: the target has AVX2/FMA/F16C; the kernel checks the lengths it
+                // relies on.
+                DotOrder::Repacked => unsafe { repacked_rows_x8(rows, row_bytes, a, outs) },
+                _ => block32::dot_rows_tiled::<Self, 8>(rows, row_bytes, a, order, outs, false),
+            }
+        }
 
         /// vec_dot with ggml's two chains ([`block32::vec_dot_pairs`]), or the repacked chain.
         #[inline]

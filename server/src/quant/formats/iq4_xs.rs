@@ -73,8 +73,68 @@ avx2! {
 
     use crate::quant::format::Kernels;
     use crate::quant::simd::super_block::{broadcast_i16_mask, scaled_dot, scaled_dot_n, ScaledBlock};
+    use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::{iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
     use crate::quant::DotOrder;
+
+    /// Super-blocks per tile of [`tiled_rows_x8`]: 6 × 4128 bytes of widened activations, 24 KiB.
+    const TILE: usize = 6;
+
+    /// Weight rows against eight activation rows in the tiled order, `outs[k][r]` bit-identical
+    /// to [`Kernels::dot`] of row r and activation row k: per super-block the exact integer
+    /// `Σ_s (ls_s-32)·(v·a)_s`, then `acc + (d·sumi)·d_a`. Each sub-block's grid lookup runs
+    /// once for the eight activation rows, its scale multiplied into the i16 quants (|v·ls| ≤
+    /// 127·32, |a| ≤ 127: far from overflow), so each activation row's part is two madds and two
+    /// adds on activations widened to i16 once for all the rows ([`iq4::rows_x8`]); the eight
+    /// integer totals are reduced together and finished with one conversion, one multiply and
+    /// one FMA for the eight.
+    #[inline(always)]
+    unsafe fn tiled_rows_x8(
+        rows: &[u8],
+        row_bytes: usize,
+        a: [&[BlockQ8K]; 8],
+        outs: [&mut [f32]; 8],
+    ) {
+        let n = row_bytes / size_of::<BlockIq4Xs>();
+        assert!(a.iter().all(|a| a.len() == n), "activations of another width");
+        let widen = |i: usize, e: *mut Acts<QK_K>| {
+            for (k, a) in a.iter().enumerate() {
+                // SAFETY: i < n, the activations' length (asserted above); `e` points at a
+                // tile entry.
+                let y = a.get_unchecked(i);
+                let q = std::ptr::addr_of_mut!((*e).q[k]).cast::<i16>();
+                for c in 0..QK_K / 32 {
+                    iq4::widen_32(y.qs.as_ptr().add(32 * c), q.add(32 * c));
+                }
+                (*e).d[k] = y.d();
+            }
+        };
+        let dot = |b: &BlockIq4Xs, e: &Acts<QK_K>, acc: __m256| {
+            let scales = b.scales16();
+            let mut sumi = [_mm256_setzero_si256(); 8];
+            let mut sub_block = |s: usize| {
+                let (lo, hi) = grid_i16(b.qs.as_ptr().add(16 * s));
+                let scale = _mm256_shuffle_epi8(scales, broadcast_i16_mask(s as i16));
+                let w = (_mm256_mullo_epi16(lo, scale), _mm256_mullo_epi16(hi, scale));
+                for (sumi, q) in sumi.iter_mut().zip(&e.q) {
+                    *sumi = _mm256_add_epi32(*sumi, dot_i16(w, q.as_ptr().add(32 * s)));
+                }
+            };
+            // Written out, not a loop (which LLVM keeps rolled): each sub-block's scale mask and
+            // offsets are then constants, not computed per sub-block.
+            sub_block(0);
+            sub_block(1);
+            sub_block(2);
+            sub_block(3);
+            sub_block(4);
+            sub_block(5);
+            sub_block(6);
+            sub_block(7);
+            let x = _mm256_mul_ps(broadcast_f16(b.d), _mm256_cvtepi32_ps(sum_lanes_x8(sumi)));
+            _mm256_fmadd_ps(x, _mm256_loadu_ps(e.d.as_ptr()), acc)
+        };
+        iq4::rows_x8::<BlockIq4Xs, QK_K, TILE>(rows, row_bytes, n, outs, widen, dot);
+    }
 
     impl ScaledBlock for BlockIq4Xs {
         #[inline(always)]
@@ -137,6 +197,32 @@ avx2! {
         #[inline]
         fn dot_x4(w: &[BlockIq4Xs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
             Self::dot_n(w, a, order)
+        }
+
+        /// Tiled (prefill's order), [`tiled_rows_x8`]; otherwise each row's [`Kernels::dot_n`]
+        /// (every order but tiled is vec_dot's here).
+        #[inline]
+        fn dot_x8_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8K]; 8],
+            order: DotOrder,
+            outs: [&mut [f32]; 8],
+        ) {
+            match order {
+                // SAFETY: the target has AVX2/FMA/F16C; the kernel checks the lengths it
+                // relies on.
+                DotOrder::Tiled => unsafe { tiled_rows_x8(rows, row_bytes, a, outs) },
+                _ => {
+                    let mut outs = outs;
+                    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+                        let got = Self::dot_n(crate::quant::blocks::blocks(row), a, order);
+                        for (o, v) in outs.iter_mut().zip(got) {
+                            o[i] = v;
+                        }
+                    }
+                }
+            }
         }
 
         #[inline]

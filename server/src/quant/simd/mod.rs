@@ -15,6 +15,7 @@ use std::arch::x86_64::*;
 
 pub mod block32;
 pub mod float;
+pub mod iq4;
 pub mod super_block;
 
 /// Horizontal sum of eight f32 lanes.
