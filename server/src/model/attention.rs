@@ -205,26 +205,31 @@ fn attend(
     // Each chunk gets at least ~32k multiply-adds, so short contexts stay on the calling thread
     // instead of paying a worker's wake-up.
     let chunk = (32 << 10) / ((seg.pos0 + seg.n) * h.hd * rows).max(1);
-    b.m.pool.for_chunks(n_tasks, chunk.max(1), &|thread, range| {
-        let (out_p, scores_p, qh_p) = (out_p, scores_p, qh_p);
-        // SAFETY: each thread has its own scratch regions (sized by score_row / head_scratch).
-        let (sc, scratch) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(
-                    scores_p.0.add(thread * score_row(b.n_ctx)),
-                    score_row(b.n_ctx),
-                ),
-                std::slice::from_raw_parts_mut(
-                    qh_p.0.add(thread * head_scratch(h.hd)),
-                    head_scratch(h.hd),
-                ),
-            )
-        };
-        for task in range {
-            // SAFETY: tasks write disjoint (token, head) rows of `out`.
-            unsafe { task_rows(&h, seg, kv, window, q, out_p, task, rows, sc, row_len, scratch) };
-        }
-    });
+    b.m.pool
+        .for_chunks(n_tasks, chunk.max(1), &|thread, range| {
+            let (out_p, scores_p, qh_p) = (out_p, scores_p, qh_p);
+            // SAFETY: each thread has its own scratch regions (sized by score_row / head_scratch).
+            let (sc, scratch) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(
+                        scores_p.0.add(thread * score_row(b.n_ctx)),
+                        score_row(b.n_ctx),
+                    ),
+                    std::slice::from_raw_parts_mut(
+                        qh_p.0.add(thread * head_scratch(h.hd)),
+                        head_scratch(h.hd),
+                    ),
+                )
+            };
+            for task in range {
+                // SAFETY: tasks write disjoint (token, head) rows of `out`.
+                unsafe {
+                    task_rows(
+                        &h, seg, kv, window, q, out_p, task, rows, sc, row_len, scratch,
+                    )
+                };
+            }
+        });
 }
 
 /// Query rows per task: [`MAX_ROWS`] when the kernels take that many, fewer when a task each
@@ -296,8 +301,11 @@ unsafe fn task_rows(
     ))]
     if supported(h.hd) {
         let (qs, acc) = scratch.split_at_mut(MAX_ROWS * h.hd);
-        let mut list: [simd::Row; MAX_ROWS] =
-            std::array::from_fn(|_| simd::Row { first: 0, pos: 0, out: &mut [] });
+        let mut list: [simd::Row; MAX_ROWS] = std::array::from_fn(|_| simd::Row {
+            first: 0,
+            pos: 0,
+            out: &mut [],
+        });
         let mut nr = 0;
         for (first, pos, qrow, o) in all {
             simd::round_query(qrow, h.pre, &mut qs[nr * h.hd..(nr + 1) * h.hd]);
@@ -343,7 +351,9 @@ fn head_scalar(
             f32::NEG_INFINITY
         } else {
             let cell = kv.cell(p);
-            h.dot.dot(qv, &kv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd]) * h.post
+            h.dot
+                .dot(qv, &kv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd])
+                * h.post
         };
     }
     ops::softmax_ggml(sc);

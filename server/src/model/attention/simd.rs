@@ -383,6 +383,14 @@ unsafe fn exp8(x: __m256) -> __m256 {
     let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
     let big = _mm256_mul_ps(s1, s1);
     let mid = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
-    let far = _mm256_blendv_ps(mid, big, _mm256_cmp_ps::<_CMP_GT_OQ>(abs, _mm256_set1_ps(192.0)));
-    _mm256_blendv_ps(far, normal, _mm256_cmp_ps::<_CMP_LE_OQ>(abs, _mm256_set1_ps(126.0)))
+    let far = _mm256_blendv_ps(
+        mid,
+        big,
+        _mm256_cmp_ps::<_CMP_GT_OQ>(abs, _mm256_set1_ps(192.0)),
+    );
+    _mm256_blendv_ps(
+        far,
+        normal,
+        _mm256_cmp_ps::<_CMP_LE_OQ>(abs, _mm256_set1_ps(126.0)),
+    )
 }

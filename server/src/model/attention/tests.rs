@@ -47,6 +47,14 @@ fn check(seed: u64) {
         _ => n_ctx,
     };
     let dot = [F16Dot::TinyBlas, F16Dot::VecDot][rng.below(2)];
+    // Where the build has the vector kernels, every case must reach them.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    assert!(super::supported(hd));
     let (scale_k, scale_q) = (rng.unit(4.0).abs() + 0.1, rng.unit(4.0).abs() + 0.1);
     let h = Heads {
         hd,
@@ -82,7 +90,17 @@ fn check(seed: u64) {
             let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let at = t * h.qd + head * hd;
             let (qrow, o) = (&q[at..at + hd], &mut want[at..at + hd]);
-            head_scalar(&h, &kv, head / group, first, pos, qrow, o, &mut sc, &mut scratch);
+            head_scalar(
+                &h,
+                &kv,
+                head / group,
+                first,
+                pos,
+                qrow,
+                o,
+                &mut sc,
+                &mut scratch,
+            );
         }
     }
 
