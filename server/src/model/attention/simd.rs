@@ -111,8 +111,9 @@ pub(super) fn pass(
         let prob = |j: usize, p: usize| *sc[j].add(p - base0);
         match h.dot {
             F16Dot::TinyBlas => {
-                acc[..nr * 8 * hd].fill(0.0);
                 let a = acc.as_mut_ptr();
+                // A memset: `fill` here cost ~4 instructions per value (callgrind).
+                std::ptr::write_bytes(a, 0, nr * 8 * hd);
                 // Segments of cells where the same rows are unmasked: the boundaries are the
                 // rows' first and one-past-last cells.
                 let mut cuts = [0usize; 2 * MAX_ROWS];
