@@ -40,13 +40,14 @@ impl Row<'_> {
 
 /// Whether the kernels handle heads of `head_dim` (whole 32-lane steps, no tail).
 pub(super) fn supports(head_dim: usize) -> bool {
-    head_dim % 32 == 0 && head_dim > 0
+    head_dim.is_multiple_of(32) && head_dim > 0
 }
 
 /// Attends `rows` (at most [`MAX_ROWS`], queries in `qs`: one f16-rounded head each, in order)
 /// over KV head `kh` of `kv`. `scores` holds [`MAX_ROWS`] score rows of `row_len` (the span
 /// `min base..max pos` of the rows fits one), `acc` at least `MAX_ROWS * 8 * head_dim` and
 /// `32 * head_dim` values.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn pass(
     h: &Heads,
     kv: &LayerKv,
@@ -164,7 +165,7 @@ pub(super) fn pass(
 
 /// Rounds `q * pre` to f16 (as f32), 8 values at a time.
 pub(super) fn round_query(q: &[f32], pre: f32, out: &mut [f32]) {
-    assert!(q.len() == out.len() && q.len() % 8 == 0);
+    assert!(q.len() == out.len() && q.len().is_multiple_of(8));
     // SAFETY: AVX2/F16C by this module's cfg; indices within the equal-length slices.
     unsafe {
         let pre = _mm256_set1_ps(pre);
@@ -327,7 +328,7 @@ unsafe fn reduce<const L: usize>(acc: *const f32, hd: usize, out: *mut f32) {
 /// probability then rounded to f16 (as the value pass uses it).
 #[inline(always)]
 unsafe fn softmax_f16(x: &mut [f32]) {
-    debug_assert!(x.len() % 8 == 0);
+    debug_assert!(x.len().is_multiple_of(8));
     let p = x.as_mut_ptr();
     let n = x.len();
     let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
