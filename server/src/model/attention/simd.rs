@@ -113,7 +113,7 @@ pub(super) fn pass(
         match h.dot {
             F16Dot::TinyBlas => {
                 let a = acc.as_mut_ptr();
-                // A memset: `fill` here cost ~4 instructions per value (callgrind).
+                // Zeroed as one memset (32 KiB for four rows of 256).
                 std::ptr::write_bytes(a, 0, nr * 8 * hd);
                 // Segments of cells where the same rows are unmasked: the boundaries are the
                 // rows' first and one-past-last cells.
