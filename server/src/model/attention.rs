@@ -96,30 +96,76 @@ fn norm_and_rotate(b: &Batch, x: &mut [f32], norm: Option<&[f32]>, rope: &[CosSi
     }
 }
 
-/// Length of one thread's score row for a context of `n_ctx` (padded to whole lane groups).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+mod simd;
+
+/// Query rows one task attends together (the vector kernels' pass; the scalar code takes one).
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+const MAX_ROWS: usize = simd::MAX_ROWS;
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+)))]
+const MAX_ROWS: usize = 1;
+
+/// Length of one thread's score rows for a context of `n_ctx`: [`MAX_ROWS`] rows, each padded
+/// to whole lane groups.
 pub(super) fn score_row(n_ctx: usize) -> usize {
+    MAX_ROWS * row_len(n_ctx)
+}
+
+/// One score row: the span of cells from the first lane group any query sees to its last.
+fn row_len(n_ctx: usize) -> usize {
     n_ctx + F16Dot::MAX_LANES
 }
 
-/// Length of one thread's head scratch: the f16-rounded query head and the value lanes.
+/// Length of one thread's head scratch: the f16-rounded query heads and the value lanes (8
+/// lanes for each of [`MAX_ROWS`] heads, or 32 for one).
 pub(super) fn head_scratch(head_dim: usize) -> usize {
-    (1 + F16Dot::MAX_LANES) * head_dim
+    (MAX_ROWS + F16Dot::MAX_LANES) * head_dim
 }
 
 /// A raw pointer shared by attention tasks that write disjoint (token, head) slices.
 #[derive(Clone, Copy)]
 struct SharedMut(*mut f32);
-// SAFETY: each task writes only its own (token, head) output slice and its own thread's scratch.
+// SAFETY: each task writes only its own (token, head) output slices and its own thread's scratch.
 unsafe impl Sync for SharedMut {}
 unsafe impl Send for SharedMut {}
 
+/// The shapes and arithmetic of one layer's attention heads.
+struct Heads {
+    hd: usize,
+    /// Width of a token's queries (all heads) and of a cell's keys (all KV heads).
+    qd: usize,
+    kvd: usize,
+    /// Query heads per KV head.
+    group: usize,
+    /// Scales of the query before its f16 rounding and of the score after.
+    pre: f32,
+    post: f32,
+    dot: F16Dot,
+}
+
 /// Causal attention of one segment's queries `q` (n, n_head * head_dim) over its cache into `out`
-/// (same shape), parallel over (token, head), in llama.cpp's arithmetic (its default, non-flash
-/// path): Q is rounded to f16; each score is an FMA chain per lane over the head, summed in the
-/// horizontal order of `f16`'s kernel; the softmax is ggml's ([`ops::softmax_ggml`]) over rows
-/// aligned to the lanes; the probabilities are rounded to f16 and the values accumulated in the
-/// same lanes by cell. Quantised models amplify any last-bit difference here. Local layers see
-/// the last `window` positions only.
+/// (same shape), in llama.cpp's arithmetic (its default, non-flash path): Q is rounded to f16;
+/// each score is an FMA chain per lane over the head, summed in the horizontal order of `f16`'s
+/// kernel; the softmax is ggml's ([`ops::softmax_ggml`]) over rows aligned to the lanes; the
+/// probabilities are rounded to f16 and the values accumulated in the same lanes by cell.
+/// Quantised models amplify any last-bit difference here. Local layers see the last `window`
+/// positions only. Parallel over tasks of up to [`MAX_ROWS`] query rows of one KV head (the
+/// heads of a GQA group, then the next tokens'), which share every key and value load.
 #[allow(clippy::too_many_arguments)]
 fn attend(
     b: &Batch,
@@ -132,19 +178,25 @@ fn attend(
     qh: &mut [f32],
 ) {
     let c = &b.m.config;
-    let (n, pos0) = (seg.n, seg.pos0);
-    let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
-    let group = c.n_head / c.n_head_kv;
     let scale = c.attn_scale();
     let (pre, post) = if c.spec.q_prescale {
         (scale, 1.0)
     } else {
         (1.0, scale)
     };
-    let f16 = F16Dot::for_tokens(b.llama_rows);
-    let row = score_row(b.n_ctx);
-    let lanes = f16.lanes();
-    let per_thread = head_scratch(hd);
+    let h = Heads {
+        hd: c.head_dim,
+        qd: c.q_dim(),
+        kvd: c.kv_dim(),
+        group: c.n_head / c.n_head_kv,
+        pre,
+        post,
+        dot: F16Dot::for_tokens(b.llama_rows),
+    };
+    let threads = b.m.pool.threads();
+    let rows = tasks_rows(&h, seg.n, c.n_head, threads);
+    let row_len = row_len(b.n_ctx);
+    let n_tasks = c.n_head_kv * (seg.n * h.group).div_ceil(rows);
     let (out_p, scores_p, qh_p) = (
         SharedMut(out.as_mut_ptr()),
         SharedMut(scores.as_mut_ptr()),
@@ -152,62 +204,176 @@ fn attend(
     );
     // Each chunk gets at least ~32k multiply-adds, so short contexts stay on the calling thread
     // instead of paying a worker's wake-up.
-    let chunk = (32 << 10) / ((pos0 + n) * hd).max(1);
+    let chunk = (32 << 10) / ((seg.pos0 + seg.n) * h.hd * rows).max(1);
     b.m.pool
-        .for_chunks(n * c.n_head, chunk.max(1), &|thread, range| {
+        .for_chunks(n_tasks, chunk.max(1), &|thread, range| {
             let (out_p, scores_p, qh_p) = (out_p, scores_p, qh_p);
+            // SAFETY: each thread has its own scratch regions (sized by score_row / head_scratch).
+            let (sc, scratch) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(
+                        scores_p.0.add(thread * score_row(b.n_ctx)),
+                        score_row(b.n_ctx),
+                    ),
+                    std::slice::from_raw_parts_mut(
+                        qh_p.0.add(thread * head_scratch(h.hd)),
+                        head_scratch(h.hd),
+                    ),
+                )
+            };
             for task in range {
-                let (t, h) = (task / c.n_head, task % c.n_head);
-                let pos = pos0 + t;
-                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                // Rows start on a multiple of the lanes so softmax groups and value lanes fall on
-                // the same cells as llama.cpp's; entries outside [first, pos] are masked.
-                let base = first - first % lanes;
-                let len = (pos + 1 - base).div_ceil(lanes) * lanes;
-                // SAFETY: per-thread scratch regions and per-(t, h) output slices are disjoint.
-                let (sc, qv, acc, o) = unsafe {
-                    let scratch = qh_p.0.add(thread * per_thread);
-                    (
-                        std::slice::from_raw_parts_mut(scores_p.0.add(thread * row), len),
-                        std::slice::from_raw_parts_mut(scratch, hd),
-                        std::slice::from_raw_parts_mut(scratch.add(hd), lanes * hd),
-                        std::slice::from_raw_parts_mut(out_p.0.add(t * qd + h * hd), hd),
+                // SAFETY: tasks write disjoint (token, head) rows of `out`.
+                unsafe {
+                    task_rows(
+                        &h, seg, kv, window, q, out_p, task, rows, sc, row_len, scratch,
                     )
                 };
-                let qsrc = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                for (d, &x) in qv.iter_mut().zip(qsrc) {
-                    *d = f16::from_f32(x * pre).to_f32();
-                }
-                let kh = h / group;
-                for (i, s) in sc.iter_mut().enumerate() {
-                    let p = base + i;
-                    *s = if p < first || p > pos {
-                        f32::NEG_INFINITY
-                    } else {
-                        let cell = kv.cell(p);
-                        f16.dot(qv, &kv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd]) * post
-                    };
-                }
-                ops::softmax_ggml(sc);
-                acc.iter_mut().for_each(|v| *v = 0.0);
-                for (i, &p) in sc.iter().enumerate() {
-                    let at = base + i;
-                    if at < first || at > pos {
-                        continue; // a zero probability adds exactly nothing
-                    }
-                    let p = f16::from_f32(p).to_f32();
-                    let cell = kv.cell(at);
-                    let v = &kv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
-                    let lane = &mut acc[(i % lanes) * hd..(i % lanes + 1) * hd];
-                    for (a, &v) in lane.iter_mut().zip(v) {
-                        *a = p.mul_add(v.to_f32(), *a);
-                    }
-                }
-                for (d, o) in o.iter_mut().enumerate() {
-                    *o = f16.reduce(|r| acc[r * hd + d]);
-                }
             }
         });
+}
+
+/// Query rows per task: [`MAX_ROWS`] when the kernels take that many, fewer when a task each
+/// would leave threads idle (decoding one token).
+fn tasks_rows(h: &Heads, n: usize, n_head: usize, threads: usize) -> usize {
+    if MAX_ROWS == 1 || !supported(h.hd) {
+        return 1;
+    }
+    (n * n_head / threads.max(1)).clamp(1, MAX_ROWS)
+}
+
+/// Whether the vector kernels take heads of `head_dim`.
+fn supported(head_dim: usize) -> bool {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    return simd::supports(head_dim);
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )))]
+    {
+        let _ = head_dim;
+        false
+    }
+}
+
+/// Task `task` of [`attend`]: rows `task * rows..` of its KV head's rows (token-major, then the
+/// group's heads), so consecutive rows share their keys and values.
+///
+/// # Safety
+/// `out` points at the segment's (n, qd) output, and no other task writes these rows.
+#[allow(clippy::too_many_arguments)]
+unsafe fn task_rows(
+    h: &Heads,
+    seg: &Segment,
+    kv: &LayerKv,
+    window: Option<usize>,
+    q: &[f32],
+    out: SharedMut,
+    task: usize,
+    rows: usize,
+    sc: &mut [f32],
+    row_len: usize,
+    scratch: &mut [f32],
+) {
+    let per_kv = (seg.n * h.group).div_ceil(rows);
+    let (kh, first_row) = (task / per_kv, (task % per_kv) * rows);
+    let all = (first_row..(first_row + rows).min(seg.n * h.group)).map(|r| {
+        let (t, j) = (r / h.group, r % h.group);
+        let head = kh * h.group + j;
+        let pos = seg.pos0 + t;
+        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let qrow = &q[t * h.qd + head * h.hd..t * h.qd + (head + 1) * h.hd];
+        // SAFETY: (t, head) is this task's own output row (the caller's contract).
+        let o = std::slice::from_raw_parts_mut(out.0.add(t * h.qd + head * h.hd), h.hd);
+        (first, pos, qrow, o)
+    });
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    if supported(h.hd) {
+        let (qs, acc) = scratch.split_at_mut(MAX_ROWS * h.hd);
+        let mut list: [simd::Row; MAX_ROWS] = std::array::from_fn(|_| simd::Row {
+            first: 0,
+            pos: 0,
+            out: &mut [],
+        });
+        let mut nr = 0;
+        for (first, pos, qrow, o) in all {
+            simd::round_query(qrow, h.pre, &mut qs[nr * h.hd..(nr + 1) * h.hd]);
+            list[nr] = simd::Row { first, pos, out: o };
+            nr += 1;
+        }
+        simd::pass(h, kv, kh, qs, &mut list[..nr], sc, row_len, acc);
+        return;
+    }
+    for (first, pos, qrow, o) in all {
+        head_scalar(h, kv, kh, first, pos, qrow, o, sc, scratch);
+    }
+}
+
+/// One query row the scalar way (the reference of the vector kernels): scores of `q` against
+/// the cells `first..=pos` of KV head `kh` into `sc`, their softmax, the values into `out`.
+#[allow(clippy::too_many_arguments)]
+fn head_scalar(
+    h: &Heads,
+    kv: &LayerKv,
+    kh: usize,
+    first: usize,
+    pos: usize,
+    q: &[f32],
+    out: &mut [f32],
+    sc: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let (hd, kvd, lanes) = (h.hd, h.kvd, h.dot.lanes());
+    // Rows start on a multiple of the lanes so softmax groups and value lanes fall on the same
+    // cells as llama.cpp's; entries outside [first, pos] are masked.
+    let base = first - first % lanes;
+    let len = (pos + 1 - base).div_ceil(lanes) * lanes;
+    let sc = &mut sc[..len];
+    let (qv, acc) = scratch.split_at_mut(hd);
+    let acc = &mut acc[..lanes * hd];
+    for (d, &x) in qv.iter_mut().zip(q) {
+        *d = f16::from_f32(x * h.pre).to_f32();
+    }
+    for (i, s) in sc.iter_mut().enumerate() {
+        let p = base + i;
+        *s = if p < first || p > pos {
+            f32::NEG_INFINITY
+        } else {
+            let cell = kv.cell(p);
+            h.dot
+                .dot(qv, &kv.k[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd])
+                * h.post
+        };
+    }
+    ops::softmax_ggml(sc);
+    acc.iter_mut().for_each(|v| *v = 0.0);
+    for (i, &p) in sc.iter().enumerate() {
+        let at = base + i;
+        if at < first || at > pos {
+            continue; // a zero probability adds exactly nothing
+        }
+        let p = f16::from_f32(p).to_f32();
+        let cell = kv.cell(at);
+        let v = &kv.v[cell * kvd + kh * hd..cell * kvd + (kh + 1) * hd];
+        let lane = &mut acc[(i % lanes) * hd..(i % lanes + 1) * hd];
+        for (a, &v) in lane.iter_mut().zip(v) {
+            *a = p.mul_add(v.to_f32(), *a);
+        }
+    }
+    for (d, o) in out.iter_mut().enumerate() {
+        *o = h.dot.reduce(|r| acc[r * hd + d]);
+    }
 }
 
 /// How llama.cpp's non-flash attention multiplies its f16 matrices (K·Q and V·P): through
@@ -286,3 +452,6 @@ fn lane_sums<const N: usize>(q: &[f32], k: &[f16]) -> ([f32; N], f64) {
     }
     (lanes, tail)
 }
+
+#[cfg(test)]
+mod tests;
