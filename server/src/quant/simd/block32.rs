@@ -381,7 +381,9 @@ pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
     let quads = std::slice::from_raw_parts(quads.as_ptr().cast::<[__m256i; N]>(), n.min(QUAD_OFFSETS_MAX_BLOCKS));
     for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
         let w = super::super::blocks::blocks::<B>(row);
-        let out = if offset.is_some() {
+        let out = if N == 8 && matches!(offset, Some(o) if o <= 8) {
+            repacked_offset_row8(w, a, d_a, offsets)
+        } else if offset.is_some() {
             repacked_offset_row(w, a, d_a, offsets)
         } else if REPACKED {
             repacked_row(w, a, d_a)
@@ -543,4 +545,109 @@ unsafe fn repacked_offset_row<B: SignedBlock32, const N: usize>(
     }
     let all = [lanes(acc[0]), lanes(acc[1])];
     std::array::from_fn(|k| all[k / 4][k % 4])
+}
+
+/// [`repacked_offset_row`] for eight activation rows of a format whose offset is at most 8
+/// (`u` < 16): the eight integer totals of a block are reduced together, first in i16 (three
+/// rounds of horizontal adds leave each 128-bit half's sum of 16 products, at most
+/// 16·15·128 = 30720, so nothing wraps), then widened and the halves added. The totals are
+/// the same integers, and the eight chains' FMAs are one, lane k being row k's.
+#[inline(always)]
+unsafe fn repacked_offset_row8<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+    d_a: &[[f32; N]],
+    offsets: &[[i32; N]],
+) -> [f32; N] {
+    assert!(N == 8, "eight activation rows");
+    let mut acc = _mm256_setzero_ps();
+    for (i, ((wb, d_a), offsets)) in w.iter().zip(d_a).zip(offsets).enumerate() {
+        let wu = wb.unsigned_quants();
+        let d_w = _mm256_set1_ps(f16_to_f32(wb.d()));
+        // SAFETY (get_unchecked): as in `vec_dot_row`; maddubs' pair sums are at most
+        // 2·15·128, far from i16 saturation.
+        let p: [__m256i; 8] = std::array::from_fn(|k| {
+            _mm256_maddubs_epi16(wu, load256(a[k].get_unchecked(i).qs.as_ptr().cast()))
+        });
+        let q01 = _mm256_hadd_epi16(p[0], p[1]);
+        let q23 = _mm256_hadd_epi16(p[2], p[3]);
+        let q45 = _mm256_hadd_epi16(p[4], p[5]);
+        let q67 = _mm256_hadd_epi16(p[6], p[7]);
+        let halves = _mm256_hadd_epi16(
+            _mm256_hadd_epi16(q01, q23),
+            _mm256_hadd_epi16(q45, q67),
+        );
+        let totals = _mm256_add_epi32(
+            _mm256_cvtepi16_epi32(_mm256_castsi256_si128(halves)),
+            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(halves, 1)),
+        );
+        let sumi = _mm256_sub_epi32(totals, _mm256_loadu_si256(offsets.as_ptr().cast()));
+        let d = _mm256_mul_ps(d_w, _mm256_loadu_ps(d_a.as_ptr()));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+    }
+    let mut out = [0.0; N];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::format::Activation;
+    use crate::quant::formats::q4_0::BlockQ4_0;
+    use crate::quant::formats::q5_0::BlockQ5_0;
+    use crate::quant::random::random_row;
+    use crate::quant::GgmlType;
+
+    /// `n_rows` random rows of `ty` and eight quantised activation rows, `blocks` blocks wide.
+    fn rows_and_acts(ty: GgmlType, blocks: usize, n_rows: usize) -> (Vec<u8>, Vec<Vec<BlockQ8_0>>) {
+        let mut state = 0x5eed_u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state
+        };
+        let rows = random_row(ty, blocks * 32 * n_rows, 1.0, &mut next);
+        let acts = (0..8)
+            .map(|_| {
+                let x: Vec<f32> =
+                    (0..blocks * 32).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
+                let mut a = vec![BlockQ8_0 { d: [0; 2], qs: [0; 32] }; blocks];
+                Q8_0::quantize(&x, &mut a);
+                a
+            })
+            .collect();
+        (rows, acts)
+    }
+
+    /// Each of [`rows_n`]'s outputs in vec_dot's order against [`vec_dot`] of its row.
+    fn rows_n_equals_vec_dot<B: SignedBlock32>(ty: GgmlType, blocks: usize) {
+        let n_rows = 3;
+        let (rows, acts) = rows_and_acts(ty, blocks, n_rows);
+        let row_bytes = blocks * size_of::<B>();
+        let a: [&[BlockQ8_0]; 8] = std::array::from_fn(|k| &acts[k][..]);
+        let mut outs = vec![vec![f32::NAN; n_rows]; 8];
+        let mut it = outs.iter_mut();
+        let o: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+        // SAFETY: the test machine has the target's AVX2/FMA/F16C (this module is built only then).
+        unsafe { rows_n::<B, false, 8>(&rows, row_bytes, a, o) };
+        for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+            let w = crate::quant::blocks::blocks::<B>(row);
+            for (k, a) in a.iter().enumerate() {
+                // SAFETY: as above.
+                let want = unsafe { vec_dot(w, a) };
+                assert_eq!(outs[k][r].to_bits(), want.to_bits(), "{ty} {blocks} blocks row {r} act {k}");
+            }
+        }
+    }
+
+    /// Rows too wide for the lane-offset table but not for the scale table take the signed
+    /// quants (`vec_dot_row`), which the property tests' narrow and very wide rows never reach
+    /// for an offset format; both sides of the boundary give vec_dot's bits.
+    #[test]
+    fn offset_formats_on_both_sides_of_the_lane_offset_table_equal_vec_dot() {
+        for blocks in [QUAD_OFFSETS_MAX_BLOCKS, QUAD_OFFSETS_MAX_BLOCKS + 1] {
+            rows_n_equals_vec_dot::<BlockQ5_0>(GgmlType::Q5_0, blocks);
+            rows_n_equals_vec_dot::<BlockQ4_0>(GgmlType::Q4_0, blocks);
+        }
+    }
 }
