@@ -74,22 +74,11 @@ avx2! {
 
         #[inline(always)]
         unsafe fn unsigned_quants(&self) -> __m256i {
-            // The fifth bit as 16 on the nibble: the quant plus 16. Byte i of the spread `qh`
-            // holds bit i at bit i%8: masking it and comparing with the mask gives all-ones
-            // iff it is set (one constant where `bytes_from_bits_32` takes two, so the
-            // many-row kernels keep their constants in registers).
-            let spread = _mm256_shuffle_epi8(
-                _mm256_set1_epi32(u32::from_le_bytes(self.qh) as i32),
-                _mm256_set_epi64x(
-                    0x0303_0303_0303_0303,
-                    0x0202_0202_0202_0202,
-                    0x0101_0101_0101_0101,
-                    0,
-                ),
+            // The fifth bit as 16 on the nibble: the quant plus 16.
+            let high = _mm256_and_si256(
+                bytes_from_bits_32(u32::from_le_bytes(self.qh)),
+                _mm256_set1_epi8(0x10),
             );
-            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-            let high = _mm256_and_si256(set, _mm256_set1_epi8(0x10));
             _mm256_or_si256(nibbles_32(self.qs.as_ptr()), high)
         }
     }

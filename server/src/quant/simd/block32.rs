@@ -474,32 +474,18 @@ unsafe fn vec_dot_offset_row<B: SignedBlock32, const N: usize>(
     let mut scales = [0f32; 8];
     // As in `vec_dot_row`.
     let scale = std::hint::black_box(scales.as_ptr());
-    let n = w.len().min(d_a.len()).min(quads.len());
-    let mut block = |i: usize| {
-        // SAFETY (get_unchecked): i < n, within all three, and every activation row has
-        // w.len() blocks (asserted by the caller). u < 2·offset ≤ 32 and |a| ≤ 128 keep
-        // maddubs' pair sums far from i16 saturation.
-        let wb = w.get_unchecked(i);
+    for (i, ((wb, d_a), quads)) in w.iter().zip(d_a).zip(quads).enumerate() {
         let wu = wb.unsigned_quants();
-        scale_products(f16_to_f32(wb.d()), d_a.get_unchecked(i), scales.as_mut_ptr());
-        let quads = quads.get_unchecked(i);
+        scale_products(f16_to_f32(wb.d()), d_a, scales.as_mut_ptr());
         for k in 0..N {
+            // SAFETY (get_unchecked): as in `vec_dot_row`. u < 2·offset ≤ 32 and |a| ≤ 128
+            // keep maddubs' pair sums far from i16 saturation.
             let y = load256(a[k].get_unchecked(i).qs.as_ptr().cast());
             let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, y), ones);
             let sumi = _mm256_sub_epi32(sumi, quads[k]);
             let d_k = _mm256_broadcast_ss(&*scale.add(k));
             acc[k] = _mm256_fmadd_ps(d_k, _mm256_cvtepi32_ps(sumi), acc[k]);
         }
-    };
-    // Two blocks per turn: the loop's counters and pointers advance once for both.
-    let mut i = 0;
-    while i + 2 <= n {
-        block(i);
-        block(i + 1);
-        i += 2;
-    }
-    if i < n {
-        block(i);
     }
     acc.map(|v| hsum(v))
 }
