@@ -69,6 +69,18 @@ avx2! {
             );
             _mm256_or_si256(nibbles_32(self.qs.as_ptr()), clear)
         }
+
+        const OFFSET: Option<i32> = Some(16);
+
+        #[inline(always)]
+        unsafe fn unsigned_quants(&self) -> __m256i {
+            // The fifth bit as 16 on the nibble: the quant plus 16.
+            let high = _mm256_and_si256(
+                bytes_from_bits_32(u32::from_le_bytes(self.qh)),
+                _mm256_set1_epi8(0x10),
+            );
+            _mm256_or_si256(nibbles_32(self.qs.as_ptr()), high)
+        }
     }
 
     impl Kernels for Q5_0 {

@@ -15,10 +15,12 @@ pub trait SignedBlock32: Block {
     fn d(&self) -> [u8; 2];
     /// The 32 quants as signed bytes, in element order.
     unsafe fn quants(&self) -> __m256i;
-    /// For a format whose quants are unsigned bytes `u` less an offset (Q4_0: nibbles - 8), the
-    /// offset: then `Σ q·a = Σ u·a - offset·Σ a`, and the repacked order, which only needs each
-    /// block's integer total, multiplies `u` by the activations directly (no sign fix-ups) and
-    /// takes `offset·Σ a` from a table made once per activation block.
+    /// For a format whose quants are unsigned bytes `u` less an offset (Q4_0: nibbles - 8; Q5_0:
+    /// five bits - 16), the offset, with `u < 2·offset ≤ 32`: then `Σ q·a = Σ u·a - offset·Σ a`,
+    /// so the many-row kernels multiply `u` by the activations directly (no sign fix-ups) and
+    /// take the offset's share from tables made once per activation block: per block for the
+    /// repacked order, which only needs each block's integer total, and per four values for
+    /// vec_dot's ([`dot_i8_quads`]' lanes).
     const OFFSET: Option<i32> = None;
     /// The `u` of [`SignedBlock32::OFFSET`] (unused where that is `None`).
     #[inline(always)]
@@ -337,6 +339,7 @@ pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
     a: [&[BlockQ8_0]; N],
     mut outs: [&mut [f32]; N],
 ) {
+    const { assert!(N == 4 || N == 8) };
     let n = row_bytes / size_of::<B>();
     assert!(
         n <= ROWS_MAX_BLOCKS && row_bytes == n * size_of::<B>() && a.iter().all(|a| a.len() == n),
@@ -362,12 +365,30 @@ pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
     }
     // SAFETY: as for `d_a`; read only when written (`offset` is Some).
     let offsets = std::slice::from_raw_parts(offsets.as_ptr().cast::<[i32; N]>(), n);
+    // offset·(four activations) per lane, block and activation row, for vec_dot's order of an
+    // offset format (see `vec_dot_offset_row`); rows wider than the table take `vec_dot_row`.
+    let mut quads = [const { MaybeUninit::<[__m256i; N]>::uninit() }; QUAD_OFFSETS_MAX_BLOCKS];
+    let quad_offset = match B::OFFSET {
+        Some(o) if !REPACKED && n <= QUAD_OFFSETS_MAX_BLOCKS => Some(o),
+        _ => None,
+    };
+    if let Some(o) = quad_offset {
+        for (i, q) in quads[..n].iter_mut().enumerate() {
+            q.write(a.map(|a| quad_offsets(a.get_unchecked(i), o)));
+        }
+    }
+    // SAFETY: as for `d_a`; read only when written (`quad_offset` is Some).
+    let quads = std::slice::from_raw_parts(quads.as_ptr().cast::<[__m256i; N]>(), n.min(QUAD_OFFSETS_MAX_BLOCKS));
     for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
         let w = super::super::blocks::blocks::<B>(row);
-        let out = if offset.is_some() {
+        let out = if N == 8 && matches!(offset, Some(o) if o <= 8) {
+            repacked_offset_row8(w, a, d_a, offsets)
+        } else if offset.is_some() {
             repacked_offset_row(w, a, d_a, offsets)
         } else if REPACKED {
             repacked_row(w, a, d_a)
+        } else if quad_offset.is_some() {
+            vec_dot_offset_row(w, a, d_a, quads)
         } else {
             vec_dot_row(w, a, d_a)
         };
@@ -378,9 +399,36 @@ pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
     }
 }
 
-/// One row of [`rows_n`] in vec_dot's order: an eight-lane FMA chain per activation row. Each
-/// `d_w·d_a` is a scalar multiply by the table entry, broadcast (no constant registers: the
-/// quants' unpacking needs them).
+/// Blocks per activation row that [`rows_n`]'s table of lane offsets holds (4096 values, 32 KiB
+/// for eight rows): the default model's rows are 640 and 2048 wide.
+pub const QUAD_OFFSETS_MAX_BLOCKS: usize = 128;
+
+/// Lane j of [`dot_i8_quads`]'s share of the offset: `o·(a[4j] + … + a[4j+3])` (exact: the
+/// pair sums `o·(a+a')` fit maddubs' i16 for `o` ≤ 64).
+#[inline(always)]
+unsafe fn quad_offsets(a: &BlockQ8_0, o: i32) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(o as i8), load256(a.qs.as_ptr().cast()));
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+/// The `N` (4 or 8) products `d_w·d_a[k]` of one block in one multiply, written to `out`: each
+/// lane rounds as the scalar product the per-row kernels form. The caller broadcasts them from
+/// memory (a load, where a broadcast from a register is a multiply and a shuffle per row).
+#[inline(always)]
+unsafe fn scale_products<const N: usize>(d_w: f32, d_a: &[f32; N], out: *mut f32) {
+    if N == 8 {
+        let d = _mm256_mul_ps(_mm256_set1_ps(d_w), _mm256_loadu_ps(d_a.as_ptr()));
+        _mm256_storeu_ps(out, d);
+    } else {
+        for k in (0..N).step_by(4) {
+            let d = _mm_mul_ps(_mm_set1_ps(d_w), _mm_loadu_ps(d_a.as_ptr().add(k)));
+            _mm_storeu_ps(out.add(k), d);
+        }
+    }
+}
+
+/// One row of [`rows_n`] in vec_dot's order: an eight-lane FMA chain per activation row. The
+/// `N` products `d_w·d_a` of a block are formed in one multiply ([`scale_products`]).
 #[inline(always)]
 unsafe fn vec_dot_row<B: SignedBlock32, const N: usize>(
     w: &[B],
@@ -388,15 +436,54 @@ unsafe fn vec_dot_row<B: SignedBlock32, const N: usize>(
     d_a: &[[f32; N]],
 ) -> [f32; N] {
     let mut acc = [_mm256_setzero_ps(); N];
+    let mut scales = [0f32; 8];
+    // Read back through a pointer the optimiser cannot see is `scales`, so that it broadcasts
+    // each product from memory instead of rebuilding it by shuffles from the register.
+    let scale = std::hint::black_box(scales.as_ptr());
     for (i, (wb, d_a)) in w.iter().zip(d_a).enumerate() {
         let wq = wb.quants();
-        let d_w = f16_to_f32(wb.d());
+        scale_products(f16_to_f32(wb.d()), d_a, scales.as_mut_ptr());
         for k in 0..N {
             // SAFETY (get_unchecked): every activation row has w.len() blocks (asserted by
-            // the caller) and i < w.len().
+            // the caller) and i < w.len(); `scale` points to `scales`, which holds N ≤ 8.
             let y = a[k].get_unchecked(i);
             let sumi = dot_i8_quads(wq, load256(y.qs.as_ptr().cast()));
-            let d_k = _mm256_set1_ps(d_w * d_a[k]);
+            let d_k = _mm256_broadcast_ss(&*scale.add(k));
+            acc[k] = _mm256_fmadd_ps(d_k, _mm256_cvtepi32_ps(sumi), acc[k]);
+        }
+    }
+    acc.map(|v| hsum(v))
+}
+
+/// [`vec_dot_row`] of a format with an [`SignedBlock32::OFFSET`]: lane j of each block's integer
+/// dot is `Σ u·a - offset·Σ a` over its four values, `quads` holding the second term
+/// ([`quad_offsets`]), which is the lane [`dot_i8_quads`] gives, so the chains see the same
+/// operations. It takes a multiply-add of the unsigned quants by the activations straight from
+/// memory where the signed quants need two sign fix-ups and a load. (Equal while no activation
+/// is -128, which `dot_i8_quads` cannot negate and Q8_0's quantiser never writes: |x·127/amax|
+/// rounds to at most 127.)
+#[inline(always)]
+unsafe fn vec_dot_offset_row<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+    d_a: &[[f32; N]],
+    quads: &[[__m256i; N]],
+) -> [f32; N] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut scales = [0f32; 8];
+    // As in `vec_dot_row`.
+    let scale = std::hint::black_box(scales.as_ptr());
+    for (i, ((wb, d_a), quads)) in w.iter().zip(d_a).zip(quads).enumerate() {
+        let wu = wb.unsigned_quants();
+        scale_products(f16_to_f32(wb.d()), d_a, scales.as_mut_ptr());
+        for k in 0..N {
+            // SAFETY (get_unchecked): as in `vec_dot_row`. u < 2·offset ≤ 32 and |a| ≤ 128
+            // keep maddubs' pair sums far from i16 saturation.
+            let y = load256(a[k].get_unchecked(i).qs.as_ptr().cast());
+            let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, y), ones);
+            let sumi = _mm256_sub_epi32(sumi, quads[k]);
+            let d_k = _mm256_broadcast_ss(&*scale.add(k));
             acc[k] = _mm256_fmadd_ps(d_k, _mm256_cvtepi32_ps(sumi), acc[k]);
         }
     }
@@ -458,4 +545,109 @@ unsafe fn repacked_offset_row<B: SignedBlock32, const N: usize>(
     }
     let all = [lanes(acc[0]), lanes(acc[1])];
     std::array::from_fn(|k| all[k / 4][k % 4])
+}
+
+/// [`repacked_offset_row`] for eight activation rows of a format whose offset is at most 8
+/// (`u` < 16): the eight integer totals of a block are reduced together, first in i16 (three
+/// rounds of horizontal adds leave each 128-bit half's sum of 16 products, at most
+/// 16·15·128 = 30720, so nothing wraps), then widened and the halves added. The totals are
+/// the same integers, and the eight chains' FMAs are one, lane k being row k's.
+#[inline(always)]
+unsafe fn repacked_offset_row8<B: SignedBlock32, const N: usize>(
+    w: &[B],
+    a: [&[BlockQ8_0]; N],
+    d_a: &[[f32; N]],
+    offsets: &[[i32; N]],
+) -> [f32; N] {
+    assert!(N == 8, "eight activation rows");
+    let mut acc = _mm256_setzero_ps();
+    for (i, ((wb, d_a), offsets)) in w.iter().zip(d_a).zip(offsets).enumerate() {
+        let wu = wb.unsigned_quants();
+        let d_w = _mm256_set1_ps(f16_to_f32(wb.d()));
+        // SAFETY (get_unchecked): as in `vec_dot_row`; maddubs' pair sums are at most
+        // 2·15·128, far from i16 saturation.
+        let p: [__m256i; 8] = std::array::from_fn(|k| {
+            _mm256_maddubs_epi16(wu, load256(a[k].get_unchecked(i).qs.as_ptr().cast()))
+        });
+        let q01 = _mm256_hadd_epi16(p[0], p[1]);
+        let q23 = _mm256_hadd_epi16(p[2], p[3]);
+        let q45 = _mm256_hadd_epi16(p[4], p[5]);
+        let q67 = _mm256_hadd_epi16(p[6], p[7]);
+        let halves = _mm256_hadd_epi16(
+            _mm256_hadd_epi16(q01, q23),
+            _mm256_hadd_epi16(q45, q67),
+        );
+        let totals = _mm256_add_epi32(
+            _mm256_cvtepi16_epi32(_mm256_castsi256_si128(halves)),
+            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(halves, 1)),
+        );
+        let sumi = _mm256_sub_epi32(totals, _mm256_loadu_si256(offsets.as_ptr().cast()));
+        let d = _mm256_mul_ps(d_w, _mm256_loadu_ps(d_a.as_ptr()));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+    }
+    let mut out = [0.0; N];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::format::Activation;
+    use crate::quant::formats::q4_0::BlockQ4_0;
+    use crate::quant::formats::q5_0::BlockQ5_0;
+    use crate::quant::random::random_row;
+    use crate::quant::GgmlType;
+
+    /// `n_rows` random rows of `ty` and eight quantised activation rows, `blocks` blocks wide.
+    fn rows_and_acts(ty: GgmlType, blocks: usize, n_rows: usize) -> (Vec<u8>, Vec<Vec<BlockQ8_0>>) {
+        let mut state = 0x5eed_u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state
+        };
+        let rows = random_row(ty, blocks * 32 * n_rows, 1.0, &mut next);
+        let acts = (0..8)
+            .map(|_| {
+                let x: Vec<f32> =
+                    (0..blocks * 32).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
+                let mut a = vec![BlockQ8_0 { d: [0; 2], qs: [0; 32] }; blocks];
+                Q8_0::quantize(&x, &mut a);
+                a
+            })
+            .collect();
+        (rows, acts)
+    }
+
+    /// Each of [`rows_n`]'s outputs in vec_dot's order against [`vec_dot`] of its row.
+    fn rows_n_equals_vec_dot<B: SignedBlock32>(ty: GgmlType, blocks: usize) {
+        let n_rows = 3;
+        let (rows, acts) = rows_and_acts(ty, blocks, n_rows);
+        let row_bytes = blocks * size_of::<B>();
+        let a: [&[BlockQ8_0]; 8] = std::array::from_fn(|k| &acts[k][..]);
+        let mut outs = vec![vec![f32::NAN; n_rows]; 8];
+        let mut it = outs.iter_mut();
+        let o: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+        // SAFETY: the test machine has the target's AVX2/FMA/F16C (this module is built only then).
+        unsafe { rows_n::<B, false, 8>(&rows, row_bytes, a, o) };
+        for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+            let w = crate::quant::blocks::blocks::<B>(row);
+            for (k, a) in a.iter().enumerate() {
+                // SAFETY: as above.
+                let want = unsafe { vec_dot(w, a) };
+                assert_eq!(outs[k][r].to_bits(), want.to_bits(), "{ty} {blocks} blocks row {r} act {k}");
+            }
+        }
+    }
+
+    /// Rows too wide for the lane-offset table but not for the scale table take the signed
+    /// quants (`vec_dot_row`), which the property tests' narrow and very wide rows never reach
+    /// for an offset format; both sides of the boundary give vec_dot's bits.
+    #[test]
+    fn offset_formats_on_both_sides_of_the_lane_offset_table_equal_vec_dot() {
+        for blocks in [QUAD_OFFSETS_MAX_BLOCKS, QUAD_OFFSETS_MAX_BLOCKS + 1] {
+            rows_n_equals_vec_dot::<BlockQ5_0>(GgmlType::Q5_0, blocks);
+            rows_n_equals_vec_dot::<BlockQ4_0>(GgmlType::Q4_0, blocks);
+        }
+    }
 }
