@@ -140,19 +140,21 @@ avx2! {
                 _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(scales)),
                 5,
             );
-            let group_scales: [__m256i; 8] = std::array::from_fn(|g| {
-                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(g)))
-            });
-            y.map(|y| {
-                // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
-                let mut sumi = _mm256_madd_epi16(load256(y.bsums.as_ptr()), neg_offset_scales);
-                for (g, (&q, &sc)) in quants.iter().zip(&group_scales).enumerate() {
+            // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for (s, y) in sumi.iter_mut().zip(y) {
+                *s = _mm256_madd_epi16(load256(y.bsums.as_ptr()), neg_offset_scales);
+            }
+            // Group by group, every row's sum in a register: the group's quants and scales are
+            // loaded once for all `N` (the sums are exact integers, so the order is free).
+            for (g, &q) in quants.iter().enumerate() {
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(g)));
+                for (s, y) in sumi.iter_mut().zip(y) {
                     let act = load256(y.qs.as_ptr().add(32 * g).cast());
-                    let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act));
-                    sumi = _mm256_add_epi32(sumi, p);
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act)));
                 }
-                sumi
-            })
+            }
+            sumi
         }
     }
 
