@@ -55,11 +55,13 @@ impl Weight for Q4K {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::blocks::f16_to_f32;
-    use crate::quant::format::Kernels;
+    use std::mem::MaybeUninit;
+
+    use crate::quant::blocks::{blocks, f16_to_f32};
+    use crate::quant::format::{dot_x4_rows_by_row, Kernels};
     use crate::quant::simd::super_block::{
-        k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n, k4_scaled_sum_of, k4_scales_mins,
-        k4_sub_sums, K4Block, LaneMins,
+        broadcast_i16_mask, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
+        k4_scaled_sum_of, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
     };
     use crate::quant::simd::{fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256};
     use crate::quant::DotOrder;
@@ -93,6 +95,58 @@ avx2! {
     }
 
     impl Kernels for Q4K {
+        /// Repacked, [`gemm_rows`]; otherwise one [`Kernels::dot_x4`] per row.
+        #[inline]
+        fn dot_x4_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8K]; 4],
+            order: DotOrder,
+            outs: [&mut [f32]; 4],
+        ) {
+            if order == DotOrder::Repacked && fits_gemm_rows(row_bytes) {
+                // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then);
+                // `gemm_rows` checks the lengths it relies on.
+                unsafe { gemm_rows(rows, row_bytes, a, outs) }
+            } else {
+                dot_x4_rows_by_row::<Self>(rows, row_bytes, a, order, outs);
+            }
+        }
+
+        /// Repacked, [`gemm_rows`] for both groups of four at once; otherwise as the trait's
+        /// default: [`Kernels::dot_n`] per row in the vec_dot and tiled orders, the two groups
+        /// of four one after the other in the free one.
+        #[inline]
+        fn dot_x8_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8K]; 8],
+            order: DotOrder,
+            outs: [&mut [f32]; 8],
+        ) {
+            match order {
+                // SAFETY: as in `dot_x4_rows`.
+                DotOrder::Repacked if fits_gemm_rows(row_bytes) => unsafe {
+                    gemm_rows(rows, row_bytes, a, outs)
+                },
+                DotOrder::VecDot | DotOrder::Tiled => {
+                    let mut outs = outs;
+                    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+                        let got = Self::dot_n(blocks(row), a, order);
+                        for (o, v) in outs.iter_mut().zip(got) {
+                            o[i] = v;
+                        }
+                    }
+                }
+                _ => {
+                    let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
+                    let [a0, a1, a2, a3, a4, a5, a6, a7] = a;
+                    Self::dot_x4_rows(rows, row_bytes, [a0, a1, a2, a3], order, [o0, o1, o2, o3]);
+                    Self::dot_x4_rows(rows, row_bytes, [a4, a5, a6, a7], order, [o4, o5, o6, o7]);
+                }
+            }
+        }
+
         /// vec_dot takes the min term in four float lanes ([`LaneMins`]); repacked is
         /// [`gemv_n`].
         #[inline]
@@ -207,6 +261,146 @@ avx2! {
             }
         }
         lanes(_mm_sub_ps(acc, acc_min))
+    }
+
+    /// Super-blocks per row (16384 values) [`gemm_rows`]'s activation table holds; wider rows
+    /// take [`gemm`] row by row, in the same order.
+    const GEMM_ROWS_MAX_BLOCKS: usize = 64;
+
+    fn fits_gemm_rows(row_bytes: usize) -> bool {
+        row_bytes <= GEMM_ROWS_MAX_BLOCKS * size_of::<BlockQ4K>()
+    }
+
+    /// What [`gemm`] takes from one super-block of `N` (4 or 8) activation rows, gathered once
+    /// for every weight row: lane k is activation row k's (rows 0..4 again in lanes 4..8 when
+    /// `N` is 4).
+    #[derive(Clone, Copy)]
+    struct ActSuperBlock {
+        /// The activation scales.
+        d: __m256,
+        /// Per 64-value chunk c, the i16 pair (bsum of sub-block 2c, of 2c+1) in each i32 lane:
+        /// one `madd` by the weight's (min_2c, min_2c+1) gives every row's min sum.
+        sub_sums: [__m256i; 4],
+    }
+
+    /// [`ActSuperBlock`] of super-block i of the `N` activation rows.
+    #[inline(always)]
+    unsafe fn act_super_block<const N: usize>(a: [&[BlockQ8K]; N], i: usize) -> ActSuperBlock {
+        let row = |k: usize| a[k % N].get_unchecked(i);
+        let d: [f32; 8] = std::array::from_fn(|k| row(k).d());
+        // Lane c of row k's sub-block sums is its pair for chunk c; transposed, lane k of
+        // vector c is row k's.
+        let lo = transpose_i32_4x4(std::array::from_fn(|k| k4_sub_sums(row(k))));
+        let hi = transpose_i32_4x4(std::array::from_fn(|k| k4_sub_sums(row(4 + k))));
+        ActSuperBlock {
+            d: _mm256_loadu_ps(d.as_ptr()),
+            sub_sums: std::array::from_fn(|c| _mm256_set_m128i(hi[c], lo[c])),
+        }
+    }
+
+    /// [`Kernels::dot_x4_rows`] (`N` = 4) and [`Kernels::dot_x8_rows`] (`N` = 8) in the repacked
+    /// order: every output is [`gemm`]'s for its row and its group of four (the same chains, the
+    /// same operations), but each weight super-block's quants, scales and mins are unpacked
+    /// once for all `N` activation rows, which share one eight-lane accumulator pair, and the
+    /// activations' scales and sub-block sums are gathered once for all the weight rows
+    /// ([`ActSuperBlock`]). Rows must be at most [`GEMM_ROWS_MAX_BLOCKS`] wide.
+    #[inline(always)]
+    unsafe fn gemm_rows<const N: usize>(
+        rows: &[u8],
+        row_bytes: usize,
+        a: [&[BlockQ8K]; N],
+        mut outs: [&mut [f32]; N],
+    ) {
+        const { assert!(N == 4 || N == 8) };
+        let n = row_bytes / size_of::<BlockQ4K>();
+        assert!(
+            n <= GEMM_ROWS_MAX_BLOCKS
+                && row_bytes == n * size_of::<BlockQ4K>()
+                && a.iter().all(|a| a.len() == n),
+            "rows too wide, or rows and activations of unequal length"
+        );
+        let n_rows = rows.len() / row_bytes;
+        assert!(outs.iter().all(|o| o.len() == n_rows), "outputs of another row count");
+        // Uninitialised, so a call does not clear 10 KiB it will not read: only the first n
+        // entries are written, and only they are read.
+        let mut table = [const { MaybeUninit::<ActSuperBlock>::uninit() }; GEMM_ROWS_MAX_BLOCKS];
+        for (i, t) in table[..n].iter_mut().enumerate() {
+            t.write(act_super_block(a, i));
+        }
+        // SAFETY: entries 0..n were written just above; MaybeUninit<T> has T's layout.
+        let acts = std::slice::from_raw_parts(table.as_ptr().cast::<ActSuperBlock>(), n);
+        for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+            let out = lanes8(gemm_row(blocks(row), a, acts));
+            for (o, v) in outs.iter_mut().zip(out) {
+                // SAFETY: every output holds n_rows values (asserted above).
+                *o.get_unchecked_mut(r) = v;
+            }
+        }
+    }
+
+    /// One weight row of [`gemm_rows`]: lane k is activation row k's [`gemm`] (of its group of
+    /// four).
+    #[inline(always)]
+    unsafe fn gemm_row<const N: usize>(
+        w: &[BlockQ4K],
+        a: [&[BlockQ8K]; N],
+        acts: &[ActSuperBlock],
+    ) -> __m256 {
+        let (mut acc, mut acc_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for (i, (b, t)) in w.iter().zip(acts).enumerate() {
+            let (scales, mins) = k4_scales_mins(b);
+            let mins = _mm256_broadcastsi128_si256(mins);
+            // d_w·d_a and dmin_w·d_a, the products gemm forms per chunk, once per super-block.
+            let d = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(b.d)), t.d);
+            let dmin = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(b.dmin)), t.d);
+            // SAFETY (get_unchecked): every activation row has w.len() blocks (asserted by the
+            // caller) and i < w.len().
+            let y = a.map(|a| a.get_unchecked(i));
+            // Written out per chunk (not a loop) so the shuffle masks are constants.
+            let mins = (mins, t);
+            gemm_chunk::<0, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
+            gemm_chunk::<1, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
+            gemm_chunk::<2, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
+            gemm_chunk::<3, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
+        }
+        _mm256_sub_ps(acc, acc_min)
+    }
+
+    /// Chunk `C` (64 values) of one super-block `b` of [`gemm_row`] against the activation
+    /// rows' super-blocks `y`: the integer sums (scaled by the sub-blocks' `scales`) and min sums
+    /// (`mins` with the activations' [`ActSuperBlock`]) of all `N` rows, one FMA into each chain
+    /// (`acc`, the scaled sums by `d`; `acc_min`, the min sums by `dmin`).
+    #[inline(always)]
+    unsafe fn gemm_chunk<const C: usize, const N: usize>(
+        b: &BlockQ4K,
+        y: [&BlockQ8K; N],
+        scales: __m256i,
+        (mins, t): (__m256i, &ActSuperBlock),
+        (d, dmin): (__m256, __m256),
+        (acc, acc_min): (&mut __m256, &mut __m256),
+    ) {
+        let (lo, hi) = b.chunk(C);
+        let sc_lo = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * C as i16));
+        let sc_hi = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * C as i16 + 1));
+        let sums = y.map(|y| {
+            let a_lo = load256(y.qs.as_ptr().add(64 * C).cast());
+            let a_hi = load256(y.qs.as_ptr().add(64 * C + 32).cast());
+            let p_lo = _mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, a_lo));
+            let p_hi = _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, a_hi));
+            _mm256_add_epi32(p_lo, p_hi)
+        });
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_i32_rows(sums)), d, *acc);
+        // The pair (min_2c, min_2c+1) in every i32 lane.
+        let min_pair = _mm256_shuffle_epi8(mins, broadcast_i32_mask(C));
+        let min_sum = _mm256_madd_epi16(min_pair, t.sub_sums[C]);
+        *acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sum), dmin, *acc_min);
+    }
+
+    /// Shuffle mask that broadcasts i32 lane `k` of each 128-bit half.
+    #[inline(always)]
+    unsafe fn broadcast_i32_mask(k: usize) -> __m256i {
+        let b = 4 * k as i32;
+        _mm256_set1_epi32(b | ((b + 1) << 8) | ((b + 2) << 16) | ((b + 3) << 24))
     }
 
     /// Rows become columns: lane j of output i is lane i of input j.

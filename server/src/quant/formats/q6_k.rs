@@ -72,8 +72,13 @@ impl Weight for Q6K {
 avx2! {
     use std::arch::x86_64::*;
 
+    use std::mem::MaybeUninit;
+
+    use crate::quant::blocks::blocks;
     use crate::quant::format::Kernels;
-    use crate::quant::simd::super_block::{scaled_dot, scaled_dot_n, ScaledBlock};
+    use crate::quant::simd::super_block::{
+        hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, ScaledBlock,
+    };
     use crate::quant::simd::{load128, load256};
     use crate::quant::DotOrder;
 
@@ -129,21 +134,27 @@ avx2! {
         unsafe fn sumi_n<const N: usize>(&self, y: [&BlockQ8K; N]) -> [__m256i; N] {
             let quants = self.quants();
             let scales = load128(self.scales.as_ptr().cast());
-            let scales16 = _mm256_cvtepi8_epi16(scales);
-            let group_scales: [__m256i; 8] = std::array::from_fn(|g| {
-                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(g)))
-            });
-            y.map(|y| {
-                // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
-                let offset = _mm256_madd_epi16(load256(y.bsums.as_ptr()), scales16);
-                let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
-                for (g, (&q, &sc)) in quants.iter().zip(&group_scales).enumerate() {
+            // -32·scale_s as i16 (|·| ≤ 4096, and with |bsum| ≤ 2048 a pair of products stays
+            // far inside i32), so one madd per row gives the whole offset term.
+            let neg_offset_scales = _mm256_slli_epi16(
+                _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(scales)),
+                5,
+            );
+            // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for (s, y) in sumi.iter_mut().zip(y) {
+                *s = _mm256_madd_epi16(load256(y.bsums.as_ptr()), neg_offset_scales);
+            }
+            // Group by group, every row's sum in a register: the group's quants and scales are
+            // loaded once for all `N` (the sums are exact integers, so the order is free).
+            for (g, &q) in quants.iter().enumerate() {
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(g)));
+                for (s, y) in sumi.iter_mut().zip(y) {
                     let act = load256(y.qs.as_ptr().add(32 * g).cast());
-                    let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act));
-                    sumi = _mm256_add_epi32(sumi, p);
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, act)));
                 }
-                sumi
-            })
+            }
+            sumi
         }
     }
 
@@ -160,11 +171,85 @@ avx2! {
             Self::dot_n(w, a, order)
         }
 
+        /// Tiled, [`tiled_rows`]; otherwise [`Kernels::dot_n`] per row (what the trait's
+        /// default comes to for a format whose `dot_x4` is its `dot_n`).
+        #[inline]
+        fn dot_x8_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8K]; 8],
+            order: DotOrder,
+            mut outs: [&mut [f32]; 8],
+        ) {
+            if order == DotOrder::Tiled && row_bytes <= TILED_ROWS_MAX_BLOCKS * size_of::<BlockQ6K>() {
+                // SAFETY: as in `dot`; `tiled_rows` checks the lengths it relies on.
+                unsafe { tiled_rows(rows, row_bytes, a, outs) }
+            } else {
+                for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+                    let got = Self::dot_n(blocks(row), a, order);
+                    for (o, v) in outs.iter_mut().zip(got) {
+                        o[i] = v;
+                    }
+                }
+            }
+        }
+
         #[inline]
         fn dot_n<const N: usize>(w: &[BlockQ6K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
             // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe { scaled_dot_n(w, a, order, |b, y| b.sumi_n(y)) }
+        }
+    }
+
+    /// Super-blocks per row (16384 values) [`tiled_rows`]' scale table holds; wider rows take
+    /// [`Kernels::dot_n`] row by row, in the same order.
+    const TILED_ROWS_MAX_BLOCKS: usize = 64;
+
+    /// [`Kernels::dot_x8_rows`] in the tiled order: each output is its row's tiled chain (see
+    /// [`tiled`](crate::quant::simd::super_block::tiled)), lane k of one accumulator holding
+    /// activation row k's, so the eight rows' integer sums are reduced together and each
+    /// super-block takes one multiply by d_w and one FMA by d_a for all eight. The activation
+    /// scales are gathered once for all the weight rows. Rows must be at most
+    /// [`TILED_ROWS_MAX_BLOCKS`] wide.
+    #[inline(always)]
+    unsafe fn tiled_rows(
+        rows: &[u8],
+        row_bytes: usize,
+        a: [&[BlockQ8K]; 8],
+        mut outs: [&mut [f32]; 8],
+    ) {
+        let n = row_bytes / size_of::<BlockQ6K>();
+        assert!(
+            n <= TILED_ROWS_MAX_BLOCKS
+                && row_bytes == n * size_of::<BlockQ6K>()
+                && a.iter().all(|a| a.len() == n),
+            "rows too wide, or rows and activations of unequal length"
+        );
+        let n_rows = rows.len() / row_bytes;
+        assert!(outs.iter().all(|o| o.len() == n_rows), "outputs of another row count");
+        // Uninitialised, so a call does not clear 2 KiB it will not read: only the first n
+        // entries are written, and only they are read.
+        let mut table = [const { MaybeUninit::<__m256>::uninit() }; TILED_ROWS_MAX_BLOCKS];
+        for (i, d) in table[..n].iter_mut().enumerate() {
+            let d_a: [f32; 8] = std::array::from_fn(|k| a[k].get_unchecked(i).d());
+            d.write(_mm256_loadu_ps(d_a.as_ptr()));
+        }
+        // SAFETY: entries 0..n were written just above; MaybeUninit<T> has T's layout.
+        let d_a = std::slice::from_raw_parts(table.as_ptr().cast::<__m256>(), n);
+        for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+            let mut acc = _mm256_setzero_ps();
+            for (i, (b, &d_a)) in blocks::<BlockQ6K>(row).iter().zip(d_a).enumerate() {
+                // SAFETY (get_unchecked): every activation row has n blocks (asserted above).
+                let sums = b.sumi_n(a.map(|a| a.get_unchecked(i)));
+                let d_w = _mm256_set1_ps(f16_to_f32(b.d));
+                let scaled = _mm256_mul_ps(d_w, _mm256_cvtepi32_ps(hsum_i32_rows(sums)));
+                acc = _mm256_fmadd_ps(scaled, d_a, acc);
+            }
+            for (o, v) in outs.iter_mut().zip(lanes8(acc)) {
+                // SAFETY: every output holds n_rows values (asserted above).
+                *o.get_unchecked_mut(r) = v;
+            }
         }
     }
 }

@@ -33,6 +33,31 @@ pub unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
     _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k))
 }
 
+/// The sums of the eight i32 lanes of each of `N` (4 or 8) vectors: lane k is Σ v[k] (for
+/// `N` = 4, lanes 4..8 repeat lanes 0..4).
+#[inline(always)]
+pub unsafe fn hsum_i32_rows<const N: usize>(v: [__m256i; N]) -> __m256i {
+    let quad = |q: usize| {
+        let (a, b) = (_mm256_hadd_epi32(v[q], v[q + 1]), _mm256_hadd_epi32(v[q + 2], v[q + 3]));
+        // Lane k: the low half's sum of v[q + k]; lane 4 + k: the high half's.
+        _mm256_hadd_epi32(a, b)
+    };
+    let h0 = quad(0);
+    let h1 = if N == 8 { quad(4) } else { h0 };
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(h0, h1, 0x20),
+        _mm256_permute2x128_si256(h0, h1, 0x31),
+    )
+}
+
+/// The eight f32 lanes of `v`.
+#[inline(always)]
+pub unsafe fn lanes8(v: __m256) -> [f32; 8] {
+    let mut out = [0.0; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), v);
+    out
+}
+
 /// A [`K4Block`] super-block's 256 quants, as its four [`K4Block::chunk`]s.
 #[inline(always)]
 pub unsafe fn k4_chunks(b: &impl K4Block) -> [(__m256i, __m256i); 4] {
