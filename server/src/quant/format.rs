@@ -108,23 +108,7 @@ pub trait Kernels: Weight {
         order: DotOrder,
         outs: [&mut [f32]; 8],
     ) {
-        match order {
-            DotOrder::VecDot | DotOrder::Tiled => {
-                let mut outs = outs;
-                for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
-                    let got = Self::dot_n(super::blocks::blocks(row), a, order);
-                    for (o, v) in outs.iter_mut().zip(got) {
-                        o[i] = v;
-                    }
-                }
-            }
-            _ => {
-                let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
-                let [a0, a1, a2, a3, a4, a5, a6, a7] = a;
-                Self::dot_x4_rows(rows, row_bytes, [a0, a1, a2, a3], order, [o0, o1, o2, o3]);
-                Self::dot_x4_rows(rows, row_bytes, [a4, a5, a6, a7], order, [o4, o5, o6, o7]);
-            }
-        }
+        dot_x8_rows_by_row::<Self>(rows, row_bytes, a, order, outs);
     }
     /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
     /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
@@ -200,5 +184,35 @@ pub fn dot_x4_rows_by_row<W: Kernels + ?Sized>(
     let [o0, o1, o2, o3] = outs;
     for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
         [o0[i], o1[i], o2[i], o3[i]] = W::dot_x4(super::blocks::blocks(row), a, order);
+    }
+}
+
+/// [`Kernels::dot_x8_rows`]'s default (and the fallback of formats that override it for one
+/// order): [`Kernels::dot_n`] per row in the vec_dot and tiled orders, the two groups of four
+/// through [`Kernels::dot_x4_rows`] in the others.
+#[inline(always)]
+pub fn dot_x8_rows_by_row<W: Kernels + ?Sized>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: [&[ActBlock<W>]; 8],
+    order: DotOrder,
+    outs: [&mut [f32]; 8],
+) {
+    match order {
+        DotOrder::VecDot | DotOrder::Tiled => {
+            let mut outs = outs;
+            for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+                let got = W::dot_n(super::blocks::blocks(row), a, order);
+                for (o, v) in outs.iter_mut().zip(got) {
+                    o[i] = v;
+                }
+            }
+        }
+        _ => {
+            let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
+            let [a0, a1, a2, a3, a4, a5, a6, a7] = a;
+            W::dot_x4_rows(rows, row_bytes, [a0, a1, a2, a3], order, [o0, o1, o2, o3]);
+            W::dot_x4_rows(rows, row_bytes, [a4, a5, a6, a7], order, [o4, o5, o6, o7]);
+        }
     }
 }

@@ -58,7 +58,7 @@ avx2! {
     use std::mem::MaybeUninit;
 
     use crate::quant::blocks::{blocks, f16_to_f32};
-    use crate::quant::format::{dot_x4_rows_by_row, Kernels};
+    use crate::quant::format::{dot_x4_rows_by_row, dot_x8_rows_by_row, Kernels};
     use crate::quant::simd::super_block::{
         broadcast_i16_mask, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
         k4_scaled_sum_of, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
@@ -113,9 +113,8 @@ avx2! {
             }
         }
 
-        /// Repacked, [`gemm_rows`] for both groups of four at once; otherwise as the trait's
-        /// default: [`Kernels::dot_n`] per row in the vec_dot and tiled orders, the two groups
-        /// of four one after the other in the free one.
+        /// Repacked, [`gemm_rows`] for both groups of four at once; otherwise the trait's
+        /// default ([`dot_x8_rows_by_row`]).
         #[inline]
         fn dot_x8_rows(
             rows: &[u8],
@@ -129,21 +128,7 @@ avx2! {
                 DotOrder::Repacked if fits_gemm_rows(row_bytes) => unsafe {
                     gemm_rows(rows, row_bytes, a, outs)
                 },
-                DotOrder::VecDot | DotOrder::Tiled => {
-                    let mut outs = outs;
-                    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
-                        let got = Self::dot_n(blocks(row), a, order);
-                        for (o, v) in outs.iter_mut().zip(got) {
-                            o[i] = v;
-                        }
-                    }
-                }
-                _ => {
-                    let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
-                    let [a0, a1, a2, a3, a4, a5, a6, a7] = a;
-                    Self::dot_x4_rows(rows, row_bytes, [a0, a1, a2, a3], order, [o0, o1, o2, o3]);
-                    Self::dot_x4_rows(rows, row_bytes, [a4, a5, a6, a7], order, [o4, o5, o6, o7]);
-                }
+                _ => dot_x8_rows_by_row::<Self>(rows, row_bytes, a, order, outs),
             }
         }
 
