@@ -199,20 +199,30 @@ pub fn dot_x8_rows_by_row<W: Kernels + ?Sized>(
     outs: [&mut [f32]; 8],
 ) {
     match order {
-        DotOrder::VecDot | DotOrder::Tiled => {
-            let mut outs = outs;
-            for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
-                let got = W::dot_n(super::blocks::blocks(row), a, order);
-                for (o, v) in outs.iter_mut().zip(got) {
-                    o[i] = v;
-                }
-            }
-        }
+        DotOrder::VecDot | DotOrder::Tiled => dot_n_by_row::<W, 8>(rows, row_bytes, a, order, outs),
         _ => {
             let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
             let [a0, a1, a2, a3, a4, a5, a6, a7] = a;
             W::dot_x4_rows(rows, row_bytes, [a0, a1, a2, a3], order, [o0, o1, o2, o3]);
             W::dot_x4_rows(rows, row_bytes, [a4, a5, a6, a7], order, [o4, o5, o6, o7]);
+        }
+    }
+}
+
+/// Consecutive weight rows against `N` activation rows by one [`Kernels::dot_n`] per weight row:
+/// `outs[k][i]` = row i · `a[k]`, each its row's `dot` in `order`.
+#[inline(always)]
+pub fn dot_n_by_row<W: Kernels + ?Sized, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: [&[ActBlock<W>]; N],
+    order: DotOrder,
+    mut outs: [&mut [f32]; N],
+) {
+    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+        let got = W::dot_n(super::blocks::blocks(row), a, order);
+        for (o, v) in outs.iter_mut().zip(got) {
+            o[i] = v;
         }
     }
 }

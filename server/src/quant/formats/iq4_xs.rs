@@ -71,7 +71,7 @@ impl Weight for Iq4Xs {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::Kernels;
+    use crate::quant::format::{dot_n_by_row, Kernels};
     use crate::quant::simd::super_block::{broadcast_i16_mask, scaled_dot, scaled_dot_n, ScaledBlock};
     use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::{iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
@@ -213,15 +213,7 @@ avx2! {
                 // SAFETY: the target has AVX2/FMA/F16C; the kernel checks the lengths it
                 // relies on.
                 DotOrder::Tiled => unsafe { tiled_rows_x8(rows, row_bytes, a, outs) },
-                _ => {
-                    let mut outs = outs;
-                    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
-                        let got = Self::dot_n(crate::quant::blocks::blocks(row), a, order);
-                        for (o, v) in outs.iter_mut().zip(got) {
-                            o[i] = v;
-                        }
-                    }
-                }
+                _ => dot_n_by_row::<Self, 8>(rows, row_bytes, a, order, outs),
             }
         }
 

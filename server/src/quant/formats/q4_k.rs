@@ -60,7 +60,7 @@ avx2! {
     use crate::quant::blocks::{blocks, f16_to_f32};
     use crate::quant::format::{dot_x4_rows_by_row, dot_x8_rows_by_row, Kernels};
     use crate::quant::simd::super_block::{
-        broadcast_i16_mask, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
+        broadcast_i16_mask, check_table_rows, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
         k4_scaled_sum_of, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
     };
     use crate::quant::simd::{fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256};
@@ -297,15 +297,8 @@ avx2! {
         mut outs: [&mut [f32]; N],
     ) {
         const { assert!(N == 4 || N == 8) };
-        let n = row_bytes / size_of::<BlockQ4K>();
-        assert!(
-            n <= GEMM_ROWS_MAX_BLOCKS
-                && row_bytes == n * size_of::<BlockQ4K>()
-                && a.iter().all(|a| a.len() == n),
-            "rows too wide, or rows and activations of unequal length"
-        );
-        let n_rows = rows.len() / row_bytes;
-        assert!(outs.iter().all(|o| o.len() == n_rows), "outputs of another row count");
+        let (n, _) =
+            check_table_rows::<BlockQ4K, _, N>(rows, row_bytes, GEMM_ROWS_MAX_BLOCKS, &a, &outs);
         // Uninitialised, so a call does not clear 10 KiB it will not read: only the first n
         // entries are written, and only they are read.
         let mut table = [const { MaybeUninit::<ActSuperBlock>::uninit() }; GEMM_ROWS_MAX_BLOCKS];
@@ -317,7 +310,7 @@ avx2! {
         for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
             let out = lanes8(gemm_row(blocks(row), a, acts));
             for (o, v) in outs.iter_mut().zip(out) {
-                // SAFETY: every output holds n_rows values (asserted above).
+                // SAFETY: every output holds a value per weight row (check_table_rows).
                 *o.get_unchecked_mut(r) = v;
             }
         }

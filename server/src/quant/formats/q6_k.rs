@@ -75,9 +75,9 @@ avx2! {
     use std::mem::MaybeUninit;
 
     use crate::quant::blocks::blocks;
-    use crate::quant::format::Kernels;
+    use crate::quant::format::{dot_n_by_row, Kernels};
     use crate::quant::simd::super_block::{
-        hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, ScaledBlock,
+        check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, ScaledBlock,
     };
     use crate::quant::simd::{load128, load256};
     use crate::quant::DotOrder;
@@ -179,18 +179,13 @@ avx2! {
             row_bytes: usize,
             a: [&[BlockQ8K]; 8],
             order: DotOrder,
-            mut outs: [&mut [f32]; 8],
+            outs: [&mut [f32]; 8],
         ) {
             if order == DotOrder::Tiled && row_bytes <= TILED_ROWS_MAX_BLOCKS * size_of::<BlockQ6K>() {
                 // SAFETY: as in `dot`; `tiled_rows` checks the lengths it relies on.
                 unsafe { tiled_rows(rows, row_bytes, a, outs) }
             } else {
-                for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
-                    let got = Self::dot_n(blocks(row), a, order);
-                    for (o, v) in outs.iter_mut().zip(got) {
-                        o[i] = v;
-                    }
-                }
+                dot_n_by_row::<Self, 8>(rows, row_bytes, a, order, outs);
             }
         }
 
@@ -219,15 +214,8 @@ avx2! {
         a: [&[BlockQ8K]; 8],
         mut outs: [&mut [f32]; 8],
     ) {
-        let n = row_bytes / size_of::<BlockQ6K>();
-        assert!(
-            n <= TILED_ROWS_MAX_BLOCKS
-                && row_bytes == n * size_of::<BlockQ6K>()
-                && a.iter().all(|a| a.len() == n),
-            "rows too wide, or rows and activations of unequal length"
-        );
-        let n_rows = rows.len() / row_bytes;
-        assert!(outs.iter().all(|o| o.len() == n_rows), "outputs of another row count");
+        let (n, _) =
+            check_table_rows::<BlockQ6K, _, 8>(rows, row_bytes, TILED_ROWS_MAX_BLOCKS, &a, &outs);
         // Uninitialised, so a call does not clear 2 KiB it will not read: only the first n
         // entries are written, and only they are read.
         let mut table = [const { MaybeUninit::<__m256>::uninit() }; TILED_ROWS_MAX_BLOCKS];
@@ -247,7 +235,7 @@ avx2! {
                 acc = _mm256_fmadd_ps(scaled, d_a, acc);
             }
             for (o, v) in outs.iter_mut().zip(lanes8(acc)) {
-                // SAFETY: every output holds n_rows values (asserted above).
+                // SAFETY: every output holds a value per weight row (check_table_rows).
                 *o.get_unchecked_mut(r) = v;
             }
         }

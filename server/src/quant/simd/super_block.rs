@@ -352,3 +352,25 @@ pub unsafe fn ternary_dot<B>(
     }
     hsum(acc)
 }
+
+/// What the multi-row kernels that build a per-call table of the activations (one entry per
+/// super-block, at most `max_blocks`) rely on: weight rows of `row_bytes` holding whole `B`
+/// blocks, no more than `max_blocks` of them, activation rows of as many blocks, and outputs of
+/// as many values as there are weight rows. Returns (blocks per row, weight rows).
+#[inline(always)]
+pub fn check_table_rows<B, A, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    max_blocks: usize,
+    a: &[&[A]; N],
+    outs: &[&mut [f32]; N],
+) -> (usize, usize) {
+    let n = row_bytes / size_of::<B>();
+    assert!(
+        n <= max_blocks && row_bytes == n * size_of::<B>() && a.iter().all(|a| a.len() == n),
+        "rows too wide, or rows and activations of unequal length"
+    );
+    let n_rows = rows.len() / row_bytes;
+    assert!(outs.iter().all(|o| o.len() == n_rows), "outputs of another row count");
+    (n, n_rows)
+}
