@@ -8,6 +8,7 @@
 //! lacks one does not compile.
 
 use super::blocks::Block;
+use super::isa::{Avx2, Isa};
 use super::{DotOrder, GgmlType};
 
 /// The table's name for a format (implemented by `formats!`, never by hand).
@@ -73,7 +74,7 @@ pub trait Weight: WeightRow {
 /// A weight format's SIMD kernels: AVX2/FMA in each format's file (the workspace targets
 /// x86-64-v3); elsewhere the scalar reference stands in for both, in its one order (only the
 /// SIMD kernels reproduce llama.cpp's others).
-pub trait Kernels: Weight {
+pub trait Kernels<I: Isa = Avx2>: Weight {
     /// [`Weight::dot_ref`] in llama.cpp's float order `order`; an order the row does not list
     /// is vec_dot's.
     fn dot(w: &[Self::Block], a: &[ActBlock<Self>], order: DotOrder) -> f32;
@@ -93,7 +94,7 @@ pub trait Kernels: Weight {
         order: DotOrder,
         outs: [&mut [f32]; 4],
     ) {
-        dot_x4_rows_by_row::<Self>(rows, row_bytes, a, order, outs);
+        dot_x4_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs);
     }
     /// [`Kernels::dot_x4_rows`] for eight activation rows, `outs[k]` bit-identical to what
     /// `dot_x4_rows` gives for activation row k in its group of four (0..4 or 4..8). The default
@@ -108,7 +109,7 @@ pub trait Kernels: Weight {
         order: DotOrder,
         outs: [&mut [f32]; 8],
     ) {
-        dot_x8_rows_by_row::<Self>(rows, row_bytes, a, order, outs);
+        dot_x8_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs);
     }
     /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
     /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
@@ -151,7 +152,7 @@ pub trait Kernels: Weight {
     target_feature = "fma",
     target_feature = "f16c"
 )))]
-impl<W: Weight> Kernels for W {
+impl<W: Weight, I: Isa> Kernels<I> for W {
     fn dot(w: &[Self::Block], a: &[ActBlock<Self>], _order: DotOrder) -> f32 {
         W::dot_ref(w, a)
     }
@@ -163,7 +164,7 @@ impl<W: Weight> Kernels for W {
 
 /// [`Kernels::dot_x4`] for formats without a four-row kernel: four [`Kernels::dot`]s.
 #[inline(always)]
-pub fn dot_x4_by_rows<W: Kernels>(
+pub fn dot_x4_by_rows<W: Kernels<I>, I: Isa>(
     w: &[W::Block],
     a: [&[ActBlock<W>]; 4],
     order: DotOrder,
@@ -174,7 +175,7 @@ pub fn dot_x4_by_rows<W: Kernels>(
 /// [`Kernels::dot_x4_rows`] as one [`Kernels::dot_x4`] per row (the default, and the fallback of
 /// the formats' own where their scratch is too small for a row).
 #[inline(always)]
-pub fn dot_x4_rows_by_row<W: Kernels + ?Sized>(
+pub fn dot_x4_rows_by_row<W: Kernels<I> + ?Sized, I: Isa>(
     rows: &[u8],
     row_bytes: usize,
     a: [&[ActBlock<W>]; 4],
@@ -191,7 +192,7 @@ pub fn dot_x4_rows_by_row<W: Kernels + ?Sized>(
 /// order): [`Kernels::dot_n`] per row in the vec_dot and tiled orders, the two groups of four
 /// through [`Kernels::dot_x4_rows`] in the others.
 #[inline(always)]
-pub fn dot_x8_rows_by_row<W: Kernels + ?Sized>(
+pub fn dot_x8_rows_by_row<W: Kernels<I> + ?Sized, I: Isa>(
     rows: &[u8],
     row_bytes: usize,
     a: [&[ActBlock<W>]; 8],
@@ -199,7 +200,9 @@ pub fn dot_x8_rows_by_row<W: Kernels + ?Sized>(
     outs: [&mut [f32]; 8],
 ) {
     match order {
-        DotOrder::VecDot | DotOrder::Tiled => dot_n_by_row::<W, 8>(rows, row_bytes, a, order, outs),
+        DotOrder::VecDot | DotOrder::Tiled => {
+            dot_n_by_row::<W, I, 8>(rows, row_bytes, a, order, outs)
+        }
         _ => {
             let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
             let [a0, a1, a2, a3, a4, a5, a6, a7] = a;
@@ -212,7 +215,7 @@ pub fn dot_x8_rows_by_row<W: Kernels + ?Sized>(
 /// Consecutive weight rows against `N` activation rows by one [`Kernels::dot_n`] per weight row:
 /// `outs[k][i]` = row i · `a[k]`, each its row's `dot` in `order`.
 #[inline(always)]
-pub fn dot_n_by_row<W: Kernels + ?Sized, const N: usize>(
+pub fn dot_n_by_row<W: Kernels<I> + ?Sized, I: Isa, const N: usize>(
     rows: &[u8],
     row_bytes: usize,
     a: [&[ActBlock<W>]; N],

@@ -40,6 +40,7 @@ macro_rules! avx2 {
 mod table;
 mod blocks;
 mod format;
+pub mod isa;
 mod scalar;
 avx2! {
     mod simd;
@@ -47,6 +48,7 @@ avx2! {
 
 use blocks::{blocks, blocks_mut};
 use format::{ActBlock, Format, Kernels, Weight, WeightRow};
+use isa::{with_isa, Isa};
 
 formats! {
     // Model tensor types. `orders`: llama.cpp's float orders for the type besides vec_dot
@@ -179,7 +181,7 @@ fn quantize_act<W: WeightRow>(x: &[f32], out: &mut [u8]) {
 pub fn vec_dot(w: GgmlType, order: DotOrder, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
     check_row_len("vec_dot (weights)", w, n, w_row.len());
     check_row_len("vec_dot (activations)", vec_dot_type(w), n, act.len());
-    with_weight!(w, W => W::dot(blocks(w_row), blocks(act), order))
+    with_isa!(I => with_weight!(w, W => <W as Kernels<I>>::dot(blocks(w_row), blocks(act), order)))
 }
 
 /// [`vec_dot`] by the scalar reference (the definition; one float order).
@@ -205,12 +207,14 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
     };
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
     // One loop per order, so the kernel's choice of order is made outside it.
-    with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_4_of::<W>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
-        DotOrder::Tiled => rows_4_of::<W>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
-        DotOrder::Repacked => rows_4_of::<W>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
-        DotOrder::Free => rows_4_of::<W>(DotOrder::Free, row_bytes, rows, blocks(act), out),
-    })
+    with_isa!(I => with_weight!(w, W => match order {
+        DotOrder::VecDot => rows_4_of::<W, I>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
+        DotOrder::Tiled => rows_4_of::<W, I>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
+        DotOrder::Repacked => {
+            rows_4_of::<W, I>(DotOrder::Repacked, row_bytes, rows, blocks(act), out)
+        }
+        DotOrder::Free => rows_4_of::<W, I>(DotOrder::Free, row_bytes, rows, blocks(act), out),
+    }))
 }
 
 /// The rows of [`dot_rows`], four at a time through the format's four-row kernel
@@ -219,7 +223,7 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
 /// splits the rows, as long as the split is into multiples of four; in the other orders every
 /// row is its own [`Kernels::dot`].
 #[inline(always)]
-fn rows_4_of<W: Kernels>(
+fn rows_4_of<W: Kernels<I>, I: Isa>(
     order: DotOrder,
     row_bytes: usize,
     rows: &[u8],
@@ -288,12 +292,12 @@ pub fn dot_rows_x4(
         &acts,
         &outs,
     );
-    with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_x4_of::<W>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_x4_of::<W>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_x4_of::<W>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_x4_of::<W>(DotOrder::Free, row_bytes, rows, acts, outs),
-    })
+    with_isa!(I => with_weight!(w, W => match order {
+        DotOrder::VecDot => rows_x4_of::<W, I>(DotOrder::VecDot, row_bytes, rows, acts, outs),
+        DotOrder::Tiled => rows_x4_of::<W, I>(DotOrder::Tiled, row_bytes, rows, acts, outs),
+        DotOrder::Repacked => rows_x4_of::<W, I>(DotOrder::Repacked, row_bytes, rows, acts, outs),
+        DotOrder::Free => rows_x4_of::<W, I>(DotOrder::Free, row_bytes, rows, acts, outs),
+    }))
 }
 
 /// [`dot_rows_x4`] for eight activation rows at once, `outs[k]` bit-identical to what
@@ -317,16 +321,16 @@ pub fn dot_rows_x8(
         &acts,
         &outs,
     );
-    with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_x8_of::<W>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_x8_of::<W>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_x8_of::<W>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_x8_of::<W>(DotOrder::Free, row_bytes, rows, acts, outs),
-    })
+    with_isa!(I => with_weight!(w, W => match order {
+        DotOrder::VecDot => rows_x8_of::<W, I>(DotOrder::VecDot, row_bytes, rows, acts, outs),
+        DotOrder::Tiled => rows_x8_of::<W, I>(DotOrder::Tiled, row_bytes, rows, acts, outs),
+        DotOrder::Repacked => rows_x8_of::<W, I>(DotOrder::Repacked, row_bytes, rows, acts, outs),
+        DotOrder::Free => rows_x8_of::<W, I>(DotOrder::Free, row_bytes, rows, acts, outs),
+    }))
 }
 
 #[inline(always)]
-fn rows_x8_of<W: Kernels>(
+fn rows_x8_of<W: Kernels<I>, I: Isa>(
     order: DotOrder,
     row_bytes: usize,
     rows: &[u8],
@@ -343,7 +347,7 @@ fn rows_x8_of<W: Kernels>(
 }
 
 #[inline(always)]
-fn rows_x4_of<W: Kernels>(
+fn rows_x4_of<W: Kernels<I>, I: Isa>(
     order: DotOrder,
     row_bytes: usize,
     rows: &[u8],
@@ -394,18 +398,18 @@ pub fn dot_rows_multi(
         outs,
     );
     for (acts, outs) in acts.chunks(4).zip(outs.chunks_mut(4)) {
-        with_weight!(w, W => match acts.len() {
+        with_isa!(I => with_weight!(w, W => match acts.len() {
             1 => dot_rows(w, order, n, rows, acts[0], outs[0]),
-            2 => rows_n_in::<W, 2>(order, row_bytes, rows, acts, outs),
-            3 => rows_n_in::<W, 3>(order, row_bytes, rows, acts, outs),
-            _ => rows_n_in::<W, 4>(order, row_bytes, rows, acts, outs),
-        })
+            2 => rows_n_in::<W, I, 2>(order, row_bytes, rows, acts, outs),
+            3 => rows_n_in::<W, I, 3>(order, row_bytes, rows, acts, outs),
+            _ => rows_n_in::<W, I, 4>(order, row_bytes, rows, acts, outs),
+        }))
     }
 }
 
 /// One group of [`dot_rows_multi`], the order chosen outside the loops as in [`dot_rows`].
 #[inline(always)]
-fn rows_n_in<W: Kernels, const N: usize>(
+fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(
     order: DotOrder,
     row_bytes: usize,
     rows: &[u8],
@@ -414,17 +418,17 @@ fn rows_n_in<W: Kernels, const N: usize>(
 ) {
     let acts: [&[ActBlock<W>]; N] = std::array::from_fn(|t| blocks(acts[t]));
     match order {
-        DotOrder::VecDot => rows_n_of::<W, N>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_n_of::<W, N>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_n_of::<W, N>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_4_n_of::<W, N>(row_bytes, rows, acts, outs),
+        DotOrder::VecDot => rows_n_of::<W, I, N>(DotOrder::VecDot, row_bytes, rows, acts, outs),
+        DotOrder::Tiled => rows_n_of::<W, I, N>(DotOrder::Tiled, row_bytes, rows, acts, outs),
+        DotOrder::Repacked => rows_n_of::<W, I, N>(DotOrder::Repacked, row_bytes, rows, acts, outs),
+        DotOrder::Free => rows_4_n_of::<W, I, N>(row_bytes, rows, acts, outs),
     }
 }
 
 /// [`dot_rows`]'s loop in the orders other than free for `N` activation rows, row by row (each
 /// row's results are its [`Kernels::dot`]s, as [`rows_4_of`]'s are).
 #[inline(always)]
-fn rows_n_of<W: Kernels, const N: usize>(
+fn rows_n_of<W: Kernels<I>, I: Isa, const N: usize>(
     order: DotOrder,
     row_bytes: usize,
     rows: &[u8],
@@ -446,7 +450,7 @@ fn rows_n_of<W: Kernels, const N: usize>(
 /// [`rows_4_of`] in the free order for `N` activation rows: the same quads of weight rows, so
 /// each output is the one a single-row call computes.
 #[inline(always)]
-fn rows_4_n_of<W: Kernels, const N: usize>(
+fn rows_4_n_of<W: Kernels<I>, I: Isa, const N: usize>(
     row_bytes: usize,
     rows: &[u8],
     acts: [&[ActBlock<W>]; N],

@@ -513,3 +513,109 @@ fn dot_rows_multi_names_a_count_mismatch() {
 fn wrong_row_length_names_type_and_count() {
     vec_dot(GgmlType::Q8_0, DotOrder::VecDot, 64, &[0u8; 34], &[0u8; 68]);
 }
+
+/// Every matmul entry point's outputs for `rows` (`n` values each) against `acts`, in every
+/// order, as bits: what the instruction sets must agree on.
+fn every_output(w: GgmlType, n: usize, rows: &[Vec<u8>], acts: &[Vec<u8>]) -> Vec<u32> {
+    let all_rows = rows.concat();
+    let n_rows = rows.len();
+    let mut got = Vec::new();
+    for order in [
+        DotOrder::VecDot,
+        DotOrder::Tiled,
+        DotOrder::Repacked,
+        DotOrder::Free,
+    ] {
+        for row in rows {
+            got.extend(acts.iter().map(|a| vec_dot(w, order, n, row, a).to_bits()));
+        }
+        let mut single = vec![0f32; n_rows];
+        dot_rows(w, order, n, &all_rows, &acts[0], &mut single);
+        let mut x8 = vec![vec![0f32; n_rows]; 8];
+        {
+            let [o0, o1, o2, o3, ..] = &mut x8[..] else {
+                unreachable!()
+            };
+            let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+            dot_rows_x4(w, order, n, &all_rows, acts4, [o0, o1, o2, o3]);
+        }
+        let mut x8b = vec![vec![0f32; n_rows]; 8];
+        let outs8: [&mut [f32]; 8] = {
+            let mut it = x8b.iter_mut().map(|o| &mut o[..]);
+            std::array::from_fn(|_| it.next().unwrap())
+        };
+        dot_rows_x8(
+            w,
+            order,
+            n,
+            &all_rows,
+            std::array::from_fn(|k| &acts[k][..]),
+            outs8,
+        );
+        let mut multi = vec![vec![0f32; n_rows]; 6];
+        let mut multi_refs: Vec<&mut [f32]> = multi.iter_mut().map(|o| &mut o[..]).collect();
+        let act_refs: Vec<&[u8]> = acts[..6].iter().map(|a| &a[..]).collect();
+        dot_rows_multi(w, order, n, &all_rows, &act_refs, &mut multi_refs);
+        for o in std::iter::once(&single)
+            .chain(&x8[..4])
+            .chain(&x8b)
+            .chain(&multi)
+        {
+            got.extend(o.iter().map(|x| x.to_bits()));
+        }
+    }
+    got
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The VNNI kernels give the AVX2 kernels' results bit for bit, for every type, order and
+    /// entry point, any row count and length (where the CPU has VNNI; on one without, the set
+    /// cannot be selected, and that refusal is what is checked).
+    #[test]
+    fn vnni_kernels_equal_avx2_kernels_bit_for_bit(
+        seed in any::<u64>(),
+        n_rows in 1usize..=9,
+        blocks in 1usize..=9,
+    ) {
+        if isa::detected() != isa::Choice::Vnni {
+            prop_assert!(isa::select(isa::Choice::Vnni).is_err());
+            return Ok(());
+        }
+        let mut rng = Rng(seed);
+        for w in WEIGHT_TYPES {
+            let n = blocks * w.block_len().max(vec_dot_type(w).block_len());
+            let rows: Vec<Vec<u8>> = (0..n_rows).map(|_| random_weights(w, n, &mut rng)).collect();
+            let acts: Vec<Vec<u8>> =
+                (0..8).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+            let avx2 = isa::forced(isa::Choice::Avx2, || every_output(w, n, &rows, &acts));
+            let vnni = isa::forced(isa::Choice::Vnni, || every_output(w, n, &rows, &acts));
+            let first = avx2.iter().zip(&vnni).position(|(a, b)| a != b);
+            prop_assert!(first.is_none(), "{} n={} rows={}: output {:?} differs", w, n, n_rows, first);
+        }
+    }
+}
+
+/// [`vnni_kernels_equal_avx2_kernels_bit_for_bit`] for rows wider than the tiled kernels' tables.
+#[test]
+fn vnni_kernels_equal_avx2_kernels_on_wide_rows() {
+    if isa::detected() != isa::Choice::Vnni {
+        assert!(isa::select(isa::Choice::Vnni).is_err());
+        return;
+    }
+    let mut rng = Rng(11);
+    for w in WEIGHT_TYPES {
+        let n = 66 * 256;
+        let rows: Vec<Vec<u8>> = (0..5).map(|_| random_weights(w, n, &mut rng)).collect();
+        let acts: Vec<Vec<u8>> = (0..8)
+            .map(|_| quantized(w, &random_activations(n, &mut rng)))
+            .collect();
+        let avx2 = isa::forced(isa::Choice::Avx2, || every_output(w, n, &rows, &acts));
+        let vnni = isa::forced(isa::Choice::Vnni, || every_output(w, n, &rows, &acts));
+        assert!(
+            avx2 == vnni,
+            "{w}: the VNNI kernels differ from the AVX2 ones"
+        );
+    }
+}

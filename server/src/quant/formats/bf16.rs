@@ -58,9 +58,10 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::{simd, DotOrder};
 
-    impl Kernels for Bf16 {
+    impl<I: Isa> Kernels<I> for Bf16 {
         #[inline]
         fn dot(w: &[BlockBf16], a: &[BlockBf16], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the float
@@ -81,7 +82,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockBf16], a: [&[BlockBf16]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

@@ -48,9 +48,10 @@ avx2! {
     use std::arch::x86_64::_mm256_loadu_ps;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::{simd, DotOrder};
 
-    impl Kernels for F32 {
+    impl<I: Isa> Kernels<I> for F32 {
         #[inline]
         fn dot(w: &[BlockF32], a: &[BlockF32], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the float
@@ -60,7 +61,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockF32], a: [&[BlockF32]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

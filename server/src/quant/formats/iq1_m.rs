@@ -117,10 +117,11 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::{hsum, load256};
     use crate::quant::DotOrder;
 
-    impl Kernels for Iq1M {
+    impl<I: Isa> Kernels<I> for Iq1M {
         /// As ggml's AVX2 `ggml_vec_dot_iq1_m_q8_K`: per super-block the grid part
         /// `Σ scale·(q·a)` and the shift part `Σ scale·(±1·a)` (both by maddubs of magnitudes
         /// with signed activations) go into eight i32 lanes each, and one FMA by `d·d_a` each
@@ -174,7 +175,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockIq1M], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

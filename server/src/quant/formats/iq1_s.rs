@@ -100,10 +100,11 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::{hsum, load256};
     use crate::quant::DotOrder;
 
-    impl Kernels for Iq1S {
+    impl<I: Isa> Kernels<I> for Iq1S {
         /// As ggml's AVX2 `ggml_vec_dot_iq1_s_q8_K`: per super-block the grid part
         /// `Σ scale·(q·a)` (grid magnitudes into maddubs, their signs onto the activations) goes
         /// into eight i32 lanes and one FMA by `d·d_a` into eight float lanes; the shift part
@@ -148,7 +149,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockIq1S], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

@@ -74,6 +74,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
     use crate::quant::simd::{bytes_from_bits_32, load256};
     use crate::quant::DotOrder;
@@ -105,7 +106,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Iq2S {
+    impl<I: Isa> Kernels<I> for Iq2S {
         /// ggml's vec_dot order (the only one the table lists for this type), with its final
         /// `·0.125`.
         #[inline]
@@ -117,7 +118,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockIq2S], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

@@ -78,6 +78,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
     use crate::quant::simd::{bytes_from_bits_32, load256};
     use crate::quant::DotOrder;
@@ -113,7 +114,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Iq2Xs {
+    impl<I: Isa> Kernels<I> for Iq2Xs {
         /// ggml's vec_dot order (the only one the table lists for this type), with its final
         /// `·0.125`.
         #[inline]
@@ -125,7 +126,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockIq2Xs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

@@ -79,6 +79,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
     use crate::quant::simd::{bytes_from_bits_32, load256};
     use crate::quant::DotOrder;
@@ -110,7 +111,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Iq3S {
+    impl<I: Isa> Kernels<I> for Iq3S {
         #[inline]
         fn dot(w: &[BlockIq3S], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
@@ -120,7 +121,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockIq3S], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

@@ -46,6 +46,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::Kernels;
+    use crate::quant::isa::Isa;
     use crate::quant::blocks::f16_to_f32;
     use crate::quant::simd::block32::{self, SignedBlock32};
     use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
@@ -101,7 +102,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Iq4Nl {
+    impl<I: Isa> Kernels<I> for Iq4Nl {
         /// [`block32::dot_rows_tiled`] in the repacked order (the two-chain vec_dot goes row by
         /// row).
         #[inline]
@@ -112,7 +113,7 @@ avx2! {
             order: DotOrder,
             outs: [&mut [f32]; 4],
         ) {
-            block32::dot_rows_tiled::<Self, 4>(rows, row_bytes, a, order, outs, false);
+            block32::dot_rows_tiled::<Self, I, 4>(rows, row_bytes, a, order, outs, false);
         }
 
         /// Repacked (prefill's order: the model's rows come in eights), [`repacked_rows_x8`];
@@ -129,7 +130,7 @@ avx2! {
                 // SAFETY: the target has AVX2/FMA/F16C; the kernel checks the lengths it
                 // relies on.
                 DotOrder::Repacked => unsafe { repacked_rows_x8(rows, row_bytes, a, outs) },
-                _ => block32::dot_rows_tiled::<Self, 8>(rows, row_bytes, a, order, outs, false),
+                _ => block32::dot_rows_tiled::<Self, I, 8>(rows, row_bytes, a, order, outs, false),
             }
         }
 
@@ -152,7 +153,7 @@ avx2! {
                 // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked
                 // by the caller).
                 DotOrder::Repacked => unsafe { block32::repacked_n(w, a) },
-                _ => Self::dot_n(w, a, order),
+                _ => <Self as Kernels<I>>::dot_n(w, a, order),
             }
         }
 
@@ -162,7 +163,7 @@ avx2! {
             match order {
                 // SAFETY: as in `dot`; the kernel checks the rows' lengths.
                 DotOrder::Repacked => unsafe { block32::repacked_4rows(w, a) },
-                _ => w.map(|w| Self::dot(w, a, order)),
+                _ => w.map(|w| <Self as Kernels<I>>::dot(w, a, order)),
             }
         }
 

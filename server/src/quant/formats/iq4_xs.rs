@@ -72,6 +72,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_n_by_row, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{broadcast_i16_mask, scaled_dot, scaled_dot_n, ScaledBlock};
     use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::{iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
@@ -186,7 +187,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Iq4Xs {
+    impl<I: Isa> Kernels<I> for Iq4Xs {
         #[inline]
         fn dot(w: &[BlockIq4Xs], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
@@ -196,7 +197,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockIq4Xs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            Self::dot_n(w, a, order)
+            <Self as Kernels<I>>::dot_n(w, a, order)
         }
 
         /// Tiled (prefill's order), [`tiled_rows_x8`]; otherwise each row's [`Kernels::dot_n`]
@@ -213,7 +214,7 @@ avx2! {
                 // SAFETY: the target has AVX2/FMA/F16C; the kernel checks the lengths it
                 // relies on.
                 DotOrder::Tiled => unsafe { tiled_rows_x8(rows, row_bytes, a, outs) },
-                _ => dot_n_by_row::<Self, 8>(rows, row_bytes, a, order, outs),
+                _ => dot_n_by_row::<Self, I, 8>(rows, row_bytes, a, order, outs),
             }
         }
 

@@ -69,6 +69,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{tiled, Sub16Scales};
     use crate::quant::simd::{hsum, hsum_i32, load128, load256};
     use crate::quant::DotOrder;
@@ -97,7 +98,7 @@ avx2! {
         (sumi, min_sums)
     }
 
-    impl Kernels for Q2K {
+    impl<I: Isa> Kernels<I> for Q2K {
         /// vec_dot: per super-block one FMA of the min lanes by `-d_a·dmin`, then one of the
         /// scaled lanes by `d_a·d`, into the same eight lanes; tiled: `d·sumi - dmin·summ` (the
         /// subtraction fused), then one scalar FMA by `d_a`, as for Q4_K.
@@ -129,7 +130,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockQ2K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

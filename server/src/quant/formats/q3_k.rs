@@ -89,6 +89,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock, Sub16Scales};
     use crate::quant::simd::{load128, load256};
     use crate::quant::DotOrder;
@@ -131,7 +132,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Q3K {
+    impl<I: Isa> Kernels<I> for Q3K {
         #[inline]
         fn dot(w: &[BlockQ3K], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
@@ -141,7 +142,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockQ3K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

@@ -52,10 +52,11 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::{hsum, load256, nibbles_32};
     use crate::quant::DotOrder;
 
-    impl Kernels for Q4_1 {
+    impl<I: Isa> Kernels<I> for Q4_1 {
         /// ggml's AVX2 `ggml_vec_dot_q4_1_q8_1`: one FMA chain of `d_w·d_a·(q·a)` over the
         /// blocks into eight lanes, the offsets' `m·s` summed apart (one scalar FMA per block, as
         /// `summs += m*s` compiles on x86-64-v3), added after the horizontal sum.
@@ -84,7 +85,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockQ4_1], a: [&[BlockQ8_1]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

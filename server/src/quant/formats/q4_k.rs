@@ -59,6 +59,7 @@ avx2! {
 
     use crate::quant::blocks::{blocks, f16_to_f32};
     use crate::quant::format::{dot_x4_rows_by_row, dot_x8_rows_by_row, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{
         broadcast_i16_mask, check_table_rows, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
         k4_scaled_sum_of, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
@@ -94,7 +95,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Q4K {
+    impl<I: Isa> Kernels<I> for Q4K {
         /// Repacked, [`gemm_rows`]; otherwise one [`Kernels::dot_x4`] per row.
         #[inline]
         fn dot_x4_rows(
@@ -109,7 +110,7 @@ avx2! {
                 // `gemm_rows` checks the lengths it relies on.
                 unsafe { gemm_rows(rows, row_bytes, a, outs) }
             } else {
-                dot_x4_rows_by_row::<Self>(rows, row_bytes, a, order, outs);
+                dot_x4_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs);
             }
         }
 
@@ -128,7 +129,7 @@ avx2! {
                 DotOrder::Repacked if fits_gemm_rows(row_bytes) => unsafe {
                     gemm_rows(rows, row_bytes, a, outs)
                 },
-                _ => dot_x8_rows_by_row::<Self>(rows, row_bytes, a, order, outs),
+                _ => dot_x8_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs),
             }
         }
 
@@ -136,7 +137,7 @@ avx2! {
         /// [`gemv_n`].
         #[inline]
         fn dot(w: &[BlockQ4K], a: &[BlockQ8K], order: DotOrder) -> f32 {
-            let [out] = Self::dot_n(w, [a], order);
+            let [out] = <Self as Kernels<I>>::dot_n(w, [a], order);
             out
         }
 
@@ -147,7 +148,7 @@ avx2! {
                 // c reads qs[32c..32c+32] of a 128-byte array (c < 4); every activation row
                 // holds as many blocks as `w` (checked by the caller).
                 DotOrder::Repacked => unsafe { gemm(w, a) },
-                _ => Self::dot_n(w, a, order),
+                _ => <Self as Kernels<I>>::dot_n(w, a, order),
             }
         }
 
@@ -157,7 +158,7 @@ avx2! {
             match order {
                 // SAFETY: as in `dot_x4`; the kernel checks the rows' lengths.
                 DotOrder::Repacked => unsafe { gemv_4rows(w, a) },
-                _ => w.map(|w| Self::dot(w, a, order)),
+                _ => w.map(|w| <Self as Kernels<I>>::dot(w, a, order)),
             }
         }
 

@@ -49,6 +49,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::Kernels;
+    use crate::quant::isa::Isa;
     use crate::quant::simd::block32::{self, SignedBlock32};
     use crate::quant::simd::{bytes_from_bits_32, nibbles_32};
     use crate::quant::DotOrder;
@@ -83,7 +84,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Q5_0 {
+    impl<I: Isa> Kernels<I> for Q5_0 {
         // [`block32::dot_rows_tiled`]: the activation scales converted once for all the rows.
         block32::tiled_rows!(plain_vec_dot: true);
 

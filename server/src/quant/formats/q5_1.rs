@@ -54,16 +54,17 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::Kernels;
+    use crate::quant::isa::Isa;
     use crate::quant::simd::{bytes_from_bits_32, hsum, load256, nibbles_32};
     use crate::quant::DotOrder;
 
-    impl Kernels for Q5_1 {
+    impl<I: Isa> Kernels<I> for Q5_1 {
         /// ggml's AVX2 `ggml_vec_dot_q5_1_q8_1`, Q4_1's order: one FMA chain of `d_w·d_a·(q·a)`
         /// over the blocks into eight lanes, the offsets' `m·s` summed apart by scalar FMAs and
         /// added after the horizontal sum.
         #[inline]
         fn dot(w: &[BlockQ5_1], a: &[BlockQ8_1], order: DotOrder) -> f32 {
-            let [out] = Self::dot_n(w, [a], order);
+            let [out] = <Self as Kernels<I>>::dot_n(w, [a], order);
             out
         }
 
@@ -97,7 +98,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockQ5_1], a: [&[BlockQ8_1]; 4], order: DotOrder) -> [f32; 4] {
-            Self::dot_n(w, a, order)
+            <Self as Kernels<I>>::dot_n(w, a, order)
         }
     }
 }

@@ -56,6 +56,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::Kernels;
+    use crate::quant::isa::Isa;
     use crate::quant::simd::load256;
     use crate::quant::simd::super_block::{k4_dot, k4_dot_n, K4Block, ScalarMins};
     use crate::quant::DotOrder;
@@ -94,7 +95,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Q5K {
+    impl<I: Isa> Kernels<I> for Q5K {
         /// vec_dot sums the min term in integers, then one scalar FMA ([`ScalarMins`]).
         #[inline]
         fn dot(w: &[BlockQ5K], a: &[BlockQ8K], order: DotOrder) -> f32 {
@@ -105,7 +106,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockQ5K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            Self::dot_n(w, a, order)
+            <Self as Kernels<I>>::dot_n(w, a, order)
         }
 
         #[inline]

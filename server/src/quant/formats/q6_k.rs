@@ -76,6 +76,7 @@ avx2! {
 
     use crate::quant::blocks::blocks;
     use crate::quant::format::{dot_n_by_row, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{
         check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, ScaledBlock,
     };
@@ -158,7 +159,7 @@ avx2! {
         }
     }
 
-    impl Kernels for Q6K {
+    impl<I: Isa> Kernels<I> for Q6K {
         #[inline]
         fn dot(w: &[BlockQ6K], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
@@ -168,7 +169,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockQ6K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            Self::dot_n(w, a, order)
+            <Self as Kernels<I>>::dot_n(w, a, order)
         }
 
         /// Tiled, [`tiled_rows`]; otherwise [`Kernels::dot_n`] per row (what the trait's
@@ -185,7 +186,7 @@ avx2! {
                 // SAFETY: as in `dot`; `tiled_rows` checks the lengths it relies on.
                 unsafe { tiled_rows(rows, row_bytes, a, outs) }
             } else {
-                dot_n_by_row::<Self, 8>(rows, row_bytes, a, order, outs);
+                dot_n_by_row::<Self, I, 8>(rows, row_bytes, a, order, outs);
             }
         }
 

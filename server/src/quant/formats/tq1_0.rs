@@ -71,6 +71,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::ternary_dot;
     use crate::quant::simd::{load128, load256};
     use crate::quant::DotOrder;
@@ -98,7 +99,7 @@ avx2! {
         _mm256_and_si256(_mm256_srli_epi16(t, 6), _mm256_set1_epi8(3))
     }
 
-    impl Kernels for Tq1_0 {
+    impl<I: Isa> Kernels<I> for Tq1_0 {
         /// ggml's AVX2 `ggml_vec_dot_tq1_0_q8_K`: trits (values + 1) dotted in i16 lanes in
         /// element order, see [`ternary_dot`].
         #[inline]
@@ -139,7 +140,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockTq1_0], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 

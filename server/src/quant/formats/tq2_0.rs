@@ -54,11 +54,12 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::ternary_dot;
     use crate::quant::simd::load256;
     use crate::quant::DotOrder;
 
-    impl Kernels for Tq2_0 {
+    impl<I: Isa> Kernels<I> for Tq2_0 {
         /// ggml's AVX2 `ggml_vec_dot_tq2_0_q8_K`: the codes (not the values) are dotted in i16
         /// lanes, the activation's bsums subtracted from them (the -1), see [`ternary_dot`].
         #[inline]
@@ -85,7 +86,7 @@ avx2! {
 
         #[inline]
         fn dot_x4(w: &[BlockTq2_0], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self>(w, a, order)
+            dot_x4_by_rows::<Self, I>(w, a, order)
         }
     }
 }

@@ -7,6 +7,7 @@ use std::mem::MaybeUninit;
 use super::{dot_i8_quads, fma_scaled, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
 use crate::quant::blocks::{f16_to_f32, Block};
 use crate::quant::format::{dot_x4_rows_by_row, Kernels, WeightRow};
+use crate::quant::isa::Isa;
 use crate::quant::formats::q8_0::{BlockQ8_0, Q8_0};
 use crate::quant::DotOrder;
 
@@ -261,7 +262,7 @@ macro_rules! tiled_rows {
             order: $crate::quant::DotOrder,
             outs: [&mut [f32]; 4],
         ) {
-            $crate::quant::simd::block32::dot_rows_tiled::<Self, 4>(
+            $crate::quant::simd::block32::dot_rows_tiled::<Self, I, 4>(
                 rows, row_bytes, a, order, outs, $plain,
             );
         }
@@ -274,7 +275,7 @@ macro_rules! tiled_rows {
             order: $crate::quant::DotOrder,
             outs: [&mut [f32]; 8],
         ) {
-            $crate::quant::simd::block32::dot_rows_tiled::<Self, 8>(
+            $crate::quant::simd::block32::dot_rows_tiled::<Self, I, 8>(
                 rows, row_bytes, a, order, outs, $plain,
             );
         }
@@ -288,7 +289,7 @@ pub(crate) use tiled_rows;
 /// `plain_vec_dot`: those go through [`rows_n`]; the rest (IQ4_NL's two-chain vec_dot, rows too
 /// wide for the table) row by row, four activation rows at a time.
 #[inline(always)]
-pub fn dot_rows_tiled<W, const N: usize>(
+pub fn dot_rows_tiled<W, I: Isa, const N: usize>(
     rows: &[u8],
     row_bytes: usize,
     a: [&[BlockQ8_0]; N],
@@ -296,7 +297,7 @@ pub fn dot_rows_tiled<W, const N: usize>(
     outs: [&mut [f32]; N],
     plain_vec_dot: bool,
 ) where
-    W: Kernels + WeightRow<Act = Q8_0>,
+    W: Kernels<I> + WeightRow<Act = Q8_0>,
     W::Block: SignedBlock32,
 {
     const { assert!(N == 4 || N == 8) };
@@ -314,7 +315,7 @@ pub fn dot_rows_tiled<W, const N: usize>(
             for a in a.chunks_exact(4) {
                 let a = [a[0], a[1], a[2], a[3]];
                 let o = std::array::from_fn(|_| outs.next().expect("N is 4 or 8"));
-                dot_x4_rows_by_row::<W>(rows, row_bytes, a, order, o);
+                dot_x4_rows_by_row::<W, I>(rows, row_bytes, a, order, o);
             }
         }
     }

@@ -13,6 +13,8 @@
 
 use std::arch::x86_64::*;
 
+use super::isa::Isa;
+
 pub mod block32;
 pub mod float;
 pub mod iq4;
@@ -69,6 +71,50 @@ pub unsafe fn mul_i8_pairs(w: __m256i, a: __m256i) -> __m256i {
 #[inline(always)]
 pub unsafe fn dot_i8_quads(w: __m256i, a: __m256i) -> __m256i {
     _mm256_madd_epi16(mul_i8_pairs(w, a), _mm256_set1_epi16(1))
+}
+
+/// `acc` plus, in each i32 lane, the four products of the lane's unsigned bytes `u` and signed
+/// bytes `s`. With VNNI one `vpdpbusd`; otherwise `maddubs`, `madd` and an add, whose i16 pair
+/// sums saturate: callers keep `|u₀s₀ + u₁s₁| ≤ 32767` for every pair, so that both give the
+/// same exact sums (and hence bit-identical results).
+#[inline(always)]
+pub unsafe fn dpbusd<I: Isa>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    if I::VNNI {
+        let mut acc = acc;
+        // SAFETY: `I::VNNI` is chosen only where the CPU has AVX512-VNNI and AVX512VL
+        // (`isa::select` refuses otherwise); the instruction reads registers only.
+        std::arch::asm!(
+            "vpdpbusd {acc}, {u}, {s}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        acc
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    }
+}
+
+/// `acc` plus, in each i32 lane, the two products of the lane's i16 pairs of `a` and `b`: with
+/// VNNI one `vpdpwssd`, otherwise `madd` and an add (the same exact sums; no saturation either
+/// way, wrapping only where both pairs are -32768·-32768).
+#[inline(always)]
+pub unsafe fn dpwssd<I: Isa>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    if I::VNNI {
+        let mut acc = acc;
+        // SAFETY: as in `dpbusd`.
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(ymm_reg) acc,
+            a = in(ymm_reg) a,
+            b = in(ymm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        acc
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    }
 }
 
 /// Low nibbles of 16 bytes in lanes 0..16, high nibbles in lanes 16..32 (the Q4_0 family order).
