@@ -21,6 +21,11 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The matmul kernels' instruction set: `vnni` where the CPU has AVX512-VNNI (Cascade Lake,
+    /// Zen 4 and later), `avx2` everywhere; left out, the best this CPU has. Both give
+    /// bit-identical results; the flag is for comparing their speed.
+    #[arg(long, global = true, value_name = "SET")]
+    kernels: Option<llm_server::quant::isa::Choice>,
 }
 
 #[derive(Subcommand)]
@@ -48,6 +53,12 @@ pub fn main() -> ExitCode {
         let _ = e.print();
         std::process::exit(if e.use_stderr() { 1 } else { 0 });
     });
+    if let Some(choice) = cli.kernels {
+        if let Err(e) = llm_server::quant::isa::select(choice) {
+            eprintln!("llm-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.cmd {
         Cmd::Bench(c) => c.run(),
         Cmd::Inspect(c) => c.run(),
