@@ -231,9 +231,11 @@ impl Bench {
             return Err("--read-bandwidth-mib must be at least 1".into());
         }
         if !self.read_bandwidth && self.n_prompt.iter().chain(&self.n_gen).all(|&n| n == 0) {
-            return Err("nothing to measure: give a prompt length (-p) or a generation length \
+            return Err(
+                "nothing to measure: give a prompt length (-p) or a generation length \
                  (-n) above 0, or --read-bandwidth"
-                .into());
+                    .into(),
+            );
         }
         Ok(())
     }

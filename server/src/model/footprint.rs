@@ -38,7 +38,13 @@ mod tests {
     #[test]
     fn bytes_per_token_are_the_streamed_tensors_of_the_table() {
         const LAYER: [&str; 7] = [
-            "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
         ];
         for (name, tied) in [
             ("synth-gemma3-q8_0.gguf", true),
