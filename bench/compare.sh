@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Side-by-side throughput of llm-server and llama.cpp, alternating one repetition of each so both
 # see the same machine noise; prints each engine's median over the pairs and the median of the
-# per-pair ratios (ours / llama.cpp). Needs the peer's virtualenv (see testdata/README.md).
+# per-pair ratios (ours / llama.cpp). For every decode test it also prints the weight bandwidth
+# each engine reaches (our weight bytes per token × its tok/s: the same file, the same tensors
+# read) beside the machine's read bandwidth, probed once before the pairs by
+# `llm-server bench --read-bandwidth`. Needs the peer's virtualenv (see testdata/README.md).
 #   PEER=~/.cache/peer/bin/python MODEL=x.gguf bench/compare.sh [PAIRS] [bench args...]
 # e.g. bench/compare.sh 5 -p 128,2048 -n 128 -t 1,2   (those are the defaults)
 set -euo pipefail
@@ -15,6 +18,17 @@ ARGS=("$@")
 cargo build --release -q -p llm-server --bin llm-server
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+# The probe runs at 1 thread and at the run's -t counts.
+THREADS=1
+for ((i = 0; i < ${#ARGS[@]}; i++)); do
+  case ${ARGS[i]} in
+    -t | --threads) THREADS=${ARGS[i + 1]:-1} ;;
+    --threads=*) THREADS=${ARGS[i]#*=} ;;
+    -t?*) THREADS=${ARGS[i]#-t} ;;
+  esac
+done
+./target/release/llm-server bench -m "$MODEL" -p 0 -n 0 -t "$THREADS" --read-bandwidth --json \
+  >"$out/probe.json"
 for i in $(seq "$PAIRS"); do
   ./target/release/llm-server bench -m "$MODEL" "${ARGS[@]}" -r 1 --json >"$out/ours.$i.json"
   "$PEER" bench/peer_bench.py -m "$MODEL" "${ARGS[@]}" -r 1 >"$out/peer.$i.json"
@@ -24,16 +38,38 @@ import json, statistics, sys
 d, pairs = sys.argv[1], int(sys.argv[2])
 load = lambda e, i: json.load(open(f"{d}/{e}.{i}.json"))
 runs = [(load("ours", i), load("peer", i)) for i in range(1, pairs + 1)]
+probe = json.load(open(f"{d}/probe.json"))["read_bandwidth"]
 ours0, peer0 = runs[0]
-print(f"{ours0['model']} on {ours0['cpu']}, {pairs} alternating pairs")
-print("| test | threads | ours tok/s | llama.cpp tok/s | ratio (median of pairs) | ratio range |")
-print("|---|---|---|---|---|---|")
-for k, r in enumerate(ours0["results"]):
-    o = [a["results"][k]["median"] for a, _ in runs]
-    p = [b["results"][k]["median"] for _, b in runs]
-    ratios = [x / y for x, y in zip(o, p)]
-    print(f"| {r['test']} | {r['threads']} | {statistics.median(o):.1f} | {statistics.median(p):.1f}"
-          f" | {statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} |")
+bpt = ours0["weight_bytes_per_token"]
+print(f"{ours0['model']} on {ours0['cpu']}, {pairs} alternating pairs;"
+      f" weights read per token {bpt / 1e6:.1f} MB")
+# The probe's best GB/s per (source, threads); decode is compared with the model file's.
+best = {(b["source"], b["threads"]): b["best_gb_per_s"] for b in probe}
+for t in sorted({b["threads"] for b in probe}):
+    print(f"read bandwidth, {t} thread{'s' if t > 1 else ''}: anonymous memory"
+          f" {best[('anonymous', t)]:.1f} GB/s, model file's pages {best[('model_file', t)]:.1f} GB/s"
+          " (best of 5)")
+print("| test | threads | ours tok/s | llama.cpp tok/s | ratio (median of pairs) | ratio range"
+      " | ours GB/s | llama.cpp GB/s | of read bandwidth (ours, llama.cpp) |")
+print("|---|---|---|---|---|---|---|---|---|")
+key = lambda r: (r["test"], r["threads"])
+by_key = lambda doc: {key(r): r for r in doc["results"]}
+runs_by = [(by_key(a), by_key(b)) for a, b in runs]
+for r in ours0["results"]:
+    k = key(r)
+    if k not in runs_by[0][1]:
+        continue  # a test the peer does not run (tgNxS)
+    o = statistics.median(a[k]["median"] for a, _ in runs_by)
+    p = statistics.median(b[k]["median"] for _, b in runs_by)
+    ratios = [a[k]["median"] / b[k]["median"] for a, b in runs_by]
+    bw = "| - | - | - |"
+    if r["test"].startswith("tg"):
+        go, gp = bpt * o / 1e9, bpt * p / 1e9
+        ceiling = best.get(("model_file", r["threads"]))
+        share = f"{go / ceiling:.0%}, {gp / ceiling:.0%}" if ceiling else "-"
+        bw = f"| {go:.2f} | {gp:.2f} | {share} |"
+    print(f"| {r['test']} | {r['threads']} | {o:.1f} | {p:.1f}"
+          f" | {statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} {bw}")
 anon = lambda rs: max(x["rss_anon_peak_kb"] for x in rs) // 1024
 file_ = lambda rs: max(x["rss_file_peak_kb"] for x in rs) // 1024
 print(f"peak RssAnon / RssFile MiB: ours {anon([a for a, _ in runs])} / {file_([a for a, _ in runs])},"

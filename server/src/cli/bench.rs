@@ -7,6 +7,13 @@
 //! continuous batching runs them (`tgNxS`, aggregate tokens per second of all S).
 //! `bench/peer_bench.py` runs the same workload on llama.cpp, and `bench/compare.sh` alternates
 //! the two.
+//!
+//! Every decode test also reports the bandwidth it implies: the weight bytes one forward pass
+//! reads (`weight_bytes_per_token`, from the model's tensor table) × forward passes per second.
+//! `--read-bandwidth` adds a probe of the machine's sequential read bandwidth ([`bandwidth`]),
+//! the ceiling those figures run against.
+
+mod bandwidth;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -38,6 +45,15 @@ pub struct Bench {
     /// Repetitions of every test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     repetitions: usize,
+    /// Also measure sequential read bandwidth (GB/s), at 1 thread and at every -t count, of an
+    /// anonymous buffer of 4x the last-level cache (256 MiB..1 GiB, at most a quarter of
+    /// MemAvailable) and of the model file's mapping (what decode reads), with AVX2 loads; the
+    /// best and median of -r repetitions. Runs after the tests; -p 0 -n 0 runs it alone.
+    #[arg(long)]
+    read_bandwidth: bool,
+    /// The probe's anonymous buffer in MiB, instead of 4x the last-level cache.
+    #[arg(long, value_name = "MIB", requires = "read_bandwidth")]
+    read_bandwidth_mib: Option<usize>,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -52,7 +68,13 @@ struct Report {
     engine: &'static str,
     model: String,
     cpu: String,
+    /// Bytes of weights one forward pass reads: every layer's matrices, the output matrix and
+    /// one embedding row (`model::weight_bytes_per_token`).
+    weight_bytes_per_token: u64,
     results: Vec<TestResult>,
+    /// `--read-bandwidth`'s probe, absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read_bandwidth: Option<Vec<bandwidth::ReadBandwidth>>,
     /// Peak anonymous and file-backed resident memory seen after any run, and the kernel's
     /// high-water mark of all resident memory (kB, as /proc/self/status counts).
     rss_anon_peak_kb: u64,
@@ -73,6 +95,10 @@ struct TestResult {
     max: f64,
     /// (max − min) / median.
     spread: f64,
+    /// Decode tests only: the weight bandwidth the median implies, GB/s (1e9 bytes):
+    /// `weight_bytes_per_token` × forward passes per second (a `tgNxS` pass makes S tokens).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gb_per_s: Option<f64>,
 }
 
 impl Bench {
@@ -81,6 +107,7 @@ impl Bench {
         let mut mem = Memory::default();
         let mut results = Vec::new();
         let mut name = String::new();
+        let mut bytes_per_token = 0;
         for &threads in &self.threads {
             let model = Model::load(
                 &self.model,
@@ -90,6 +117,11 @@ impl Bench {
                 },
             )?;
             name = model.name().to_owned();
+            bytes_per_token = model.weight_bytes_per_token();
+            let gb_per_s = |streams: usize| Bandwidth {
+                bytes_per_token,
+                streams,
+            };
             let longest = self.n_prompt.iter().chain(&self.n_gen).max().copied();
             let n_ctx = longest.unwrap_or(0) + 1;
             if n_ctx > model.n_ctx_train() {
@@ -104,6 +136,7 @@ impl Bench {
             let tokens = prompt(&model, n_ctx);
             // Warm the page cache and the code paths once.
             session.eval(&model, &tokens[..8.min(tokens.len())])?;
+            mem.sample(); // a reading even when only the probe runs
             for &n in self.n_prompt.iter().filter(|&&n| n > 0) {
                 let samples = (0..self.repetitions)
                     .map(|_| {
@@ -112,7 +145,7 @@ impl Bench {
                         r
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                results.push(TestResult::new(format!("pp{n}"), threads, n, samples));
+                results.push(TestResult::new(format!("pp{n}"), threads, n, samples, None));
             }
             for &n in self.n_gen.iter().filter(|&&n| n > 0) {
                 let samples = (0..self.repetitions)
@@ -122,7 +155,13 @@ impl Bench {
                         r
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                results.push(TestResult::new(format!("tg{n}"), threads, n, samples));
+                results.push(TestResult::new(
+                    format!("tg{n}"),
+                    threads,
+                    n,
+                    samples,
+                    Some(gb_per_s(1)),
+                ));
                 for &k in self.streams.iter().filter(|&&k| k > 1) {
                     let mut sessions: Vec<Session> =
                         (0..k).map(|_| model.new_session(n_ctx.max(8))).collect();
@@ -138,18 +177,34 @@ impl Bench {
                         threads,
                         n * k,
                         samples,
+                        Some(gb_per_s(k)),
                     ));
                 }
             }
         }
+        // The memory figures are read before the probe: its buffer is not the engine's memory.
+        let vm_hwm_kb = status_kb("VmHWM:").unwrap_or(0);
+        let read_bandwidth = if self.read_bandwidth {
+            let buffer = bandwidth::buffer_bytes(self.read_bandwidth_mib);
+            Some(bandwidth::probe(
+                &self.model,
+                &self.threads,
+                self.repetitions,
+                buffer,
+            )?)
+        } else {
+            None
+        };
         let report = Report {
             engine: "llm-server",
             model: name,
             cpu: cpu_model(),
+            weight_bytes_per_token: bytes_per_token,
             results,
+            read_bandwidth,
             rss_anon_peak_kb: mem.anon,
             rss_file_peak_kb: mem.file,
-            vm_hwm_kb: status_kb("VmHWM:").unwrap_or(0),
+            vm_hwm_kb,
         };
         if self.json {
             println!("{}", serde_json::to_string(&report)?);
@@ -172,9 +227,13 @@ impl Bench {
                  at most {UBATCH} rows)"
             ));
         }
-        if self.n_prompt.iter().chain(&self.n_gen).all(|&n| n == 0) {
+        if self.read_bandwidth_mib == Some(0) {
+            return Err("--read-bandwidth-mib must be at least 1".into());
+        }
+        if !self.read_bandwidth && self.n_prompt.iter().chain(&self.n_gen).all(|&n| n == 0) {
             return Err(
-                "nothing to measure: give a prompt length (-p) or a generation length (-n) above 0"
+                "nothing to measure: give a prompt length (-p) or a generation length \
+                 (-n) above 0, or --read-bandwidth"
                     .into(),
             );
         }
@@ -253,8 +312,22 @@ fn argmax(l: &[f32]) -> u32 {
     (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b }) as u32
 }
 
+/// What a decode test's tokens per second imply in bytes read: each forward pass reads
+/// `bytes_per_token` of weights and makes `streams` tokens.
+#[derive(Clone, Copy)]
+struct Bandwidth {
+    bytes_per_token: u64,
+    streams: usize,
+}
+
 impl TestResult {
-    fn new(test: String, threads: usize, tokens: usize, samples: Vec<f64>) -> TestResult {
+    fn new(
+        test: String,
+        threads: usize,
+        tokens: usize,
+        samples: Vec<f64>,
+        bandwidth: Option<Bandwidth>,
+    ) -> TestResult {
         let mut sorted = samples.clone();
         sorted.sort_by(f64::total_cmp);
         let k = sorted.len();
@@ -273,6 +346,10 @@ impl TestResult {
             min: round1(min),
             max: round1(max),
             spread: ((max - min) / median * 1000.0).round() / 1000.0,
+            gb_per_s: bandwidth.map(|b| {
+                let gb = b.bytes_per_token as f64 * median / b.streams as f64 / 1e9;
+                (gb * 100.0).round() / 100.0
+            }),
         }
     }
 }
@@ -283,11 +360,18 @@ fn round1(v: f64) -> f64 {
 
 fn print_table(r: &Report) {
     println!("model {}, {}", r.model, r.cpu);
-    println!("| test | threads | tok/s (median) | min | max | spread |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "weights read per token: {:.1} MB",
+        r.weight_bytes_per_token as f64 / 1e6
+    );
+    if !r.results.is_empty() {
+        println!("| test | threads | tok/s (median) | min | max | spread | weights GB/s |");
+        println!("|---|---|---|---|---|---|---|");
+    }
     for t in &r.results {
+        let gb = t.gb_per_s.map_or("-".to_owned(), |g| format!("{g:.2}"));
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} % |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} % | {gb} |",
             t.test,
             t.threads,
             t.median,
@@ -295,6 +379,20 @@ fn print_table(r: &Report) {
             t.max,
             t.spread * 100.0
         );
+    }
+    if let Some(bw) = &r.read_bandwidth {
+        println!("| read bandwidth | threads | MiB read | best GB/s | median GB/s |");
+        println!("|---|---|---|---|---|");
+        for b in bw {
+            println!(
+                "| {} | {} | {} | {:.2} | {:.2} |",
+                b.source,
+                b.threads,
+                b.bytes >> 20,
+                b.best_gb_per_s,
+                b.median_gb_per_s
+            );
+        }
     }
     println!(
         "peak RssAnon {} MiB, RssFile {} MiB, VmHWM {} MiB",

@@ -4,11 +4,13 @@
 //! In reading order: `arch` (one [`ArchSpec`] row per architecture), `config` (the sizes from
 //! the file), `weights` (the tensors, with their shapes), `scratch` and `kv_cache` (a session's
 //! memory), `session` (the forward pass: embed → RoPE tables → layers → output), `attention`
-//! (its attention block), `matmul` and `ops` (its arithmetic).
+//! (its attention block), `matmul` and `ops` (its arithmetic); `footprint` (the bytes a token
+//! reads).
 
 mod arch;
 mod attention;
 mod config;
+mod footprint;
 mod kv_cache;
 mod matmul;
 mod ops;
@@ -20,6 +22,7 @@ use std::path::Path;
 
 pub use arch::{Arch, ArchSpec, Ffn, RopeStyle, Swa, ARCHS};
 pub use config::{Config, ConfigError};
+pub use footprint::weight_bytes_per_token;
 pub use kv_cache::{KvCache, MAX_DRAFT, UBATCH};
 pub use session::{decode_batch, Session};
 pub use weights::Weights;
@@ -146,6 +149,11 @@ impl Model {
     /// A session with room for `n_ctx` tokens; all its memory is allocated here.
     pub fn new_session(&self, n_ctx: usize) -> Session {
         Session::new(self, n_ctx)
+    }
+
+    /// Bytes of weights one token's forward pass reads ([`weight_bytes_per_token`]).
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        weight_bytes_per_token(&self.weights)
     }
 
     /// Bytes a session of `n_ctx` allocates: (KV cache, scratch).

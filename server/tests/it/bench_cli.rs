@@ -77,12 +77,130 @@ fn json_report_has_every_test_with_its_statistics() {
     assert!(v["vm_hwm_kb"].as_u64().unwrap() >= file);
 }
 
+/// Every decode test (single and batched) reports the weight bandwidth its median implies, from
+/// the report's bytes per token; prefill tests do not. No probe runs without `--read-bandwidth`.
+#[test]
+fn decode_tests_report_the_weight_bandwidth_they_imply() {
+    let out = bench(&["-p", "8", "-n", "4", "-s", "1,2", "-r", "1", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bytes = v["weight_bytes_per_token"].as_u64().unwrap();
+    // The default model's layers and its tied 262144-row output matrix: about 246 MB, less than
+    // the file (whose norms, vocabulary and metadata a token does not read).
+    let file = std::fs::metadata(test_support::default_model())
+        .unwrap()
+        .len();
+    assert!(bytes > file * 9 / 10 && bytes < file, "{bytes} of {file}");
+    assert!(v.get("read_bandwidth").is_none(), "{v}");
+    for r in v["results"].as_array().unwrap() {
+        let test = r["test"].as_str().unwrap();
+        if test.starts_with("pp") {
+            assert!(r.get("gb_per_s").is_none(), "{r}");
+            continue;
+        }
+        let streams = if test.ends_with("x2") { 2.0 } else { 1.0 };
+        let gb = r["gb_per_s"].as_f64().unwrap();
+        let want = bytes as f64 * r["median"].as_f64().unwrap() / streams / 1e9;
+        assert!(
+            gb > 0.0 && (gb - want).abs() <= 0.01 * want + 0.01,
+            "{r}: want {want}"
+        );
+    }
+}
+
+/// `--read-bandwidth` alone (`-p 0 -n 0`) probes both sources at 1 thread and at every `-t`
+/// count, with `-r` samples each, whose best and median are among them.
+#[test]
+fn read_bandwidth_probe_reports_both_sources_at_every_thread_count() {
+    let out = bench(&[
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "-t",
+        "2",
+        "-r",
+        "3",
+        "--read-bandwidth",
+        "--read-bandwidth-mib",
+        "32",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["results"].as_array().unwrap().len(), 0);
+    let file = std::fs::metadata(test_support::default_model())
+        .unwrap()
+        .len();
+    let probe = v["read_bandwidth"].as_array().unwrap();
+    let seen: Vec<(&str, u64, u64)> = probe
+        .iter()
+        .map(|b| {
+            (
+                b["source"].as_str().unwrap(),
+                b["threads"].as_u64().unwrap(),
+                b["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let mib32 = 32 << 20;
+    assert_eq!(
+        seen,
+        [
+            ("anonymous", 1, mib32),
+            ("model_file", 1, file),
+            ("anonymous", 2, mib32),
+            ("model_file", 2, file),
+        ]
+    );
+    for b in probe {
+        let samples: Vec<f64> = serde_json::from_value(b["samples_gb_per_s"].clone()).unwrap();
+        let (best, median) = (
+            b["best_gb_per_s"].as_f64().unwrap(),
+            b["median_gb_per_s"].as_f64().unwrap(),
+        );
+        assert_eq!(samples.len(), 3, "{b}");
+        assert!(samples.iter().all(|&s| s > 0.0), "{b}");
+        assert!(samples.contains(&best) && samples.contains(&median), "{b}");
+        assert!(samples.iter().all(|&s| s <= best) && median <= best, "{b}");
+    }
+    let table = bench(&[
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "-r",
+        "1",
+        "--read-bandwidth",
+        "--read-bandwidth-mib",
+        "16",
+    ]);
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.status.success()
+            && text.contains("| anonymous | 1 | 16 |")
+            && text.contains("| model_file | 1 |"),
+        "{text}"
+    );
+}
+
 #[test]
 fn table_output_names_the_tests() {
     let out = bench(&["-p", "8", "-n", "2", "-r", "1"]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        out.status.success() && text.contains("| pp8 | 1 |") && text.contains("| tg2 | 1 |"),
+        out.status.success()
+            && text.contains("| pp8 | 1 |")
+            && text.contains("| tg2 | 1 |")
+            && text.contains("weights read per token:"),
         "{text}"
     );
 }
@@ -117,6 +235,11 @@ fn bad_arguments_are_refused_with_the_cause() {
     refused(&["-t", "0"], "--threads must be at least 1");
     refused(&["-r", "0"], "--repetitions must be at least 1");
     refused(&["-p", "0", "-n", "0"], "nothing to measure");
+    refused(
+        &["--read-bandwidth", "--read-bandwidth-mib", "0"],
+        "--read-bandwidth-mib must be at least 1",
+    );
+    refused(&["--read-bandwidth-mib", "64"], "--read-bandwidth");
     refused(&["-p", "x"], "invalid value 'x'");
     refused(&["-p", "100000000"], "lower -p/-n");
     refused(&["-s", "0"], "--streams 0: give between 1 and");
