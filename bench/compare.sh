@@ -7,6 +7,7 @@
 # `llm-server bench --read-bandwidth`. Needs the peer's virtualenv (see testdata/README.md).
 #   PEER=~/.cache/peer/bin/python MODEL=x.gguf bench/compare.sh [PAIRS] [bench args...]
 # e.g. bench/compare.sh 5 -p 128,2048 -n 128 -t 1,2   (those are the defaults)
+# KERNELS=avx2 runs our x86-64-v3 kernels on a CPU that has VNNI (what Zen 1 runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER=${PEER:-$HOME/.cache/peer/bin/python}
@@ -30,7 +31,7 @@ done
 ./target/release/llm-server bench -m "$MODEL" -p 0 -n 0 -t "$THREADS" --read-bandwidth --json \
   >"$out/probe.json"
 for i in $(seq "$PAIRS"); do
-  ./target/release/llm-server bench -m "$MODEL" "${ARGS[@]}" -r 1 --json >"$out/ours.$i.json"
+  ./target/release/llm-server ${KERNELS:+--kernels "$KERNELS"} bench -m "$MODEL" "${ARGS[@]}" -r 1 --json >"$out/ours.$i.json"
   "$PEER" bench/peer_bench.py -m "$MODEL" "${ARGS[@]}" -r 1 >"$out/peer.$i.json"
 done
 "$PEER" - "$out" "$PAIRS" <<'PY'
@@ -41,7 +42,7 @@ runs = [(load("ours", i), load("peer", i)) for i in range(1, pairs + 1)]
 probe = json.load(open(f"{d}/probe.json"))["read_bandwidth"]
 ours0, peer0 = runs[0]
 bpt = ours0["weight_bytes_per_token"]
-print(f"{ours0['model']} on {ours0['cpu']}, {pairs} alternating pairs;"
+print(f"{ours0['model']} on {ours0['cpu']} (our kernels: {ours0['kernels']}), {pairs} alternating pairs;"
       f" weights read per token {bpt / 1e6:.1f} MB")
 # The probe's best GB/s per (source, threads); decode is compared with the model file's.
 best = {(b["source"], b["threads"]): b["best_gb_per_s"] for b in probe}

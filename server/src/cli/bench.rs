@@ -68,6 +68,8 @@ struct Report {
     engine: &'static str,
     model: String,
     cpu: String,
+    /// The matmul kernels' instruction set (`--kernels`, or the best the CPU has).
+    kernels: String,
     /// Bytes of weights one forward pass reads: every layer's matrices, the output matrix and
     /// one embedding row (`model::weight_bytes_per_token`).
     weight_bytes_per_token: u64,
@@ -199,6 +201,7 @@ impl Bench {
             engine: "llm-server",
             model: name,
             cpu: cpu_model(),
+            kernels: llm_server::quant::isa::selected().to_string(),
             weight_bytes_per_token: bytes_per_token,
             results,
             read_bandwidth,
@@ -359,7 +362,7 @@ fn round1(v: f64) -> f64 {
 }
 
 fn print_table(r: &Report) {
-    println!("model {}, {}", r.model, r.cpu);
+    println!("model {}, {}, {} kernels", r.model, r.cpu, r.kernels);
     println!(
         "weights read per token: {:.1} MB",
         r.weight_bytes_per_token as f64 / 1e6
