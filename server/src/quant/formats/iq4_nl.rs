@@ -141,8 +141,8 @@ avx2! {
             // inside the blocks borrowed from `w` and `a`.
             unsafe {
                 match order {
-                    DotOrder::Repacked => block32::repacked(w, a),
-                    _ => block32::vec_dot_pairs(w, a),
+                    DotOrder::Repacked => block32::repacked::<I, _>(w, a),
+                    _ => block32::vec_dot_pairs::<I, _>(w, a),
                 }
             }
         }
@@ -152,7 +152,7 @@ avx2! {
             match order {
                 // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked
                 // by the caller).
-                DotOrder::Repacked => unsafe { block32::repacked_n(w, a) },
+                DotOrder::Repacked => unsafe { block32::repacked_n::<I, _, _>(w, a) },
                 _ => <Self as Kernels<I>>::dot_n(w, a, order),
             }
         }
@@ -162,7 +162,7 @@ avx2! {
         fn dot_4rows(w: [&[BlockIq4Nl]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
             match order {
                 // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-                DotOrder::Repacked => unsafe { block32::repacked_4rows(w, a) },
+                DotOrder::Repacked => unsafe { block32::repacked_4rows::<I, _>(w, a) },
                 _ => w.map(|w| <Self as Kernels<I>>::dot(w, a, order)),
             }
         }
@@ -173,8 +173,8 @@ avx2! {
             // the caller).
             unsafe {
                 match order {
-                    DotOrder::Repacked => block32::repacked_n(w, a),
-                    _ => block32::vec_dot_pairs_n(w, a),
+                    DotOrder::Repacked => block32::repacked_n::<I, _, _>(w, a),
+                    _ => block32::vec_dot_pairs_n::<I, _, _>(w, a),
                 }
             }
         }

@@ -80,8 +80,8 @@ avx2! {
             // inside the blocks borrowed from `w` and `a`.
             unsafe {
                 match order {
-                    DotOrder::Repacked => block32::repacked(w, a),
-                    _ => block32::vec_dot(w, a),
+                    DotOrder::Repacked => block32::repacked::<I, _>(w, a),
+                    _ => block32::vec_dot::<I, _>(w, a),
                 }
             }
         }
@@ -92,8 +92,8 @@ avx2! {
             // the caller).
             unsafe {
                 match order {
-                    DotOrder::Repacked => block32::repacked_n(w, a),
-                    _ => block32::vec_dot_n(w, a),
+                    DotOrder::Repacked => block32::repacked_n::<I, _, _>(w, a),
+                    _ => block32::vec_dot_n::<I, _, _>(w, a),
                 }
             }
         }
@@ -103,9 +103,9 @@ avx2! {
             // SAFETY: as in `dot`; the kernels check the rows' lengths.
             unsafe {
                 match order {
-                    DotOrder::Free => block32::vec_dot_4rows(w, a),
-                    DotOrder::Repacked => block32::repacked_4rows(w, a),
-                    _ => block32::vec_dot_4rows_exact(w, a),
+                    DotOrder::Free => block32::vec_dot_4rows::<I, _>(w, a),
+                    DotOrder::Repacked => block32::repacked_4rows::<I, _>(w, a),
+                    _ => block32::vec_dot_4rows_exact::<I, _>(w, a),
                 }
             }
         }
@@ -116,8 +116,8 @@ avx2! {
             // the caller).
             unsafe {
                 match order {
-                    DotOrder::Repacked => block32::repacked_n(w, a),
-                    _ => block32::vec_dot_n(w, a),
+                    DotOrder::Repacked => block32::repacked_n::<I, _, _>(w, a),
+                    _ => block32::vec_dot_n::<I, _, _>(w, a),
                 }
             }
         }
@@ -129,7 +129,7 @@ avx2! {
             _order: DotOrder,
         ) -> [[f32; 4]; N] {
             // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows_n(w, a) }
+            unsafe { block32::vec_dot_4rows_n::<I, _, _>(w, a) }
         }
     }
 }

@@ -82,14 +82,14 @@ avx2! {
         fn dot(w: &[BlockQ8_0], a: &[BlockQ8_0], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
             // inside the blocks borrowed from `w` and `a`.
-            unsafe { block32::vec_dot(w, a) }
+            unsafe { block32::vec_dot::<I, _>(w, a) }
         }
 
         #[inline]
         fn dot_x4(w: &[BlockQ8_0], a: [&[BlockQ8_0]; 4], _order: DotOrder) -> [f32; 4] {
             // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
             // the caller).
-            unsafe { block32::vec_dot_n(w, a) }
+            unsafe { block32::vec_dot_n::<I, _, _>(w, a) }
         }
 
         #[inline]
@@ -97,8 +97,8 @@ avx2! {
             // SAFETY: as in `dot`; the kernels check the rows' lengths.
             unsafe {
                 match order {
-                    DotOrder::Free => block32::vec_dot_4rows(w, a),
-                    _ => block32::vec_dot_4rows_exact(w, a),
+                    DotOrder::Free => block32::vec_dot_4rows::<I, _>(w, a),
+                    _ => block32::vec_dot_4rows_exact::<I, _>(w, a),
                 }
             }
         }
@@ -107,7 +107,7 @@ avx2! {
         fn dot_n<const N: usize>(w: &[BlockQ8_0], a: [&[BlockQ8_0]; N], _order: DotOrder) -> [f32; N] {
             // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
             // the caller).
-            unsafe { block32::vec_dot_n(w, a) }
+            unsafe { block32::vec_dot_n::<I, _, _>(w, a) }
         }
 
         #[inline]
@@ -117,7 +117,7 @@ avx2! {
             _order: DotOrder,
         ) -> [[f32; 4]; N] {
             // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows_n(w, a) }
+            unsafe { block32::vec_dot_4rows_n::<I, _, _>(w, a) }
         }
     }
 }

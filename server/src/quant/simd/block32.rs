@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::{dot_i8_quads, fma_scaled, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
+use super::{dpbusd, fma_scaled, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
 use crate::quant::blocks::{f16_to_f32, Block};
 use crate::quant::format::{dot_x4_rows_by_row, Kernels, WeightRow};
 use crate::quant::isa::Isa;
@@ -32,17 +32,49 @@ pub trait SignedBlock32: Block {
 
 /// `acc + d_w*d_a*(w·a)` for one 32-value block.
 #[inline(always)]
-unsafe fn fma_block(w: &impl SignedBlock32, a: &BlockQ8_0, acc: __m256) -> __m256 {
-    fma_unpacked(w.quants(), f16_to_f32(w.d()), a, acc)
+unsafe fn fma_block<I: Isa>(w: &impl SignedBlock32, a: &BlockQ8_0, acc: __m256) -> __m256 {
+    fma_unpacked::<I>(w.quants(), f16_to_f32(w.d()), a, acc)
 }
 
 /// [`fma_block`] of a weight block already unpacked (`wq`, `d_w`): the same operations, so a
 /// block unpacked once for several activation rows gives each the single-row result.
 #[inline(always)]
-unsafe fn fma_unpacked(wq: __m256i, d_w: f32, a: &BlockQ8_0, acc: __m256) -> __m256 {
-    let sumi = dot_i8_quads(wq, load256(a.qs.as_ptr().cast()));
+unsafe fn fma_unpacked<I: Isa>(wq: __m256i, d_w: f32, a: &BlockQ8_0, acc: __m256) -> __m256 {
+    let sumi = signed_quads::<I>(wq, load256(a.qs.as_ptr().cast()));
     let d = _mm256_set1_ps(d_w * f16_to_f32(a.d));
     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc)
+}
+
+/// The offset of VNNI's unsigned route for `B`: the format's own ([`SignedBlock32::OFFSET`]),
+/// or 128 for signed quants, which their flipped top bit makes unsigned.
+const fn vnni_offset<B: SignedBlock32>() -> i32 {
+    match B::OFFSET {
+        Some(o) => o,
+        None => 128,
+    }
+}
+
+/// A block's quants `q` as the unsigned bytes `q + vnni_offset` (at most 255) that `vpdpbusd`
+/// multiplies by the signed activations.
+#[inline(always)]
+unsafe fn vnni_unsigned<B: SignedBlock32>(b: &B) -> __m256i {
+    if B::OFFSET.is_some() {
+        b.unsigned_quants()
+    } else {
+        _mm256_xor_si256(b.quants(), _mm256_set1_epi8(-128))
+    }
+}
+
+/// Lane j: `-offset·(a[4j] + … + a[4j+3])` for an activation block's quants `aq`. A `vpdpbusd`
+/// of [`vnni_unsigned`] quants by `aq` that starts from it ends at `Σ q·a` over the lane's four
+/// values: the lane of [`signed_quads`], exactly (no i16 stage, nothing saturates), so VNNI's
+/// kernels sum the same integers as AVX2's with one instruction per weight block and
+/// activation row, this once per activation block.
+#[inline(always)]
+unsafe fn vnni_base<I: Isa, B: SignedBlock32>(aq: __m256i) -> __m256i {
+    let offset = _mm256_set1_epi8(vnni_offset::<B>() as u8 as i8);
+    let zero = _mm256_setzero_si256();
+    _mm256_sub_epi32(zero, dpbusd::<I>(zero, offset, aq))
 }
 
 /// ggml's AVX2 `vec_dot_q{8,4,5}_0_q8_0`: one FMA chain over the blocks, then the horizontal
@@ -50,10 +82,10 @@ unsafe fn fma_unpacked(wq: __m256i, d_w: f32, a: &BlockQ8_0, acc: __m256) -> __m
 /// quantised Gemma models amplify such flips into logit errors of tenths. One chain still
 /// outruns memory (a 34-byte block per 4-cycle FMA latency).
 #[inline(always)]
-pub unsafe fn vec_dot<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
+pub unsafe fn vec_dot<I: Isa, B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (w, a) in w.iter().zip(a) {
-        acc = fma_block(w, a, acc);
+        acc = fma_block::<I>(w, a, acc);
     }
     hsum(acc)
 }
@@ -62,7 +94,7 @@ pub unsafe fn vec_dot<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
 /// of streams): each weight block is unpacked once and feeds `N` FMA chains, one per output, so
 /// every output sums in exactly the single-row order.
 #[inline(always)]
-pub unsafe fn vec_dot_n<B: SignedBlock32, const N: usize>(
+pub unsafe fn vec_dot_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: &[B],
     a: [&[BlockQ8_0]; N],
 ) -> [f32; N] {
@@ -70,7 +102,7 @@ pub unsafe fn vec_dot_n<B: SignedBlock32, const N: usize>(
     for (b, wb) in w.iter().enumerate() {
         let (wq, d_w) = (wb.quants(), f16_to_f32(wb.d()));
         for (acc, a) in acc.iter_mut().zip(a) {
-            *acc = fma_unpacked(wq, d_w, &a[b], *acc);
+            *acc = fma_unpacked::<I>(wq, d_w, &a[b], *acc);
         }
     }
     acc.map(|v| hsum(v))
@@ -90,7 +122,7 @@ unsafe fn scales_4rows<B: SignedBlock32>(b: [&B; 4], d_a: f32) -> __m128 {
 /// loaded and its scale converted once for four rows, and the four `d_w·d_a` come from one
 /// conversion and one multiply.
 #[inline(always)]
-pub unsafe fn vec_dot_4rows_exact<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+pub unsafe fn vec_dot_4rows_exact<I: Isa, B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
     let n = a.len();
     assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
     let lane = [0, 1, 2, 3].map(|r| _mm256_set1_epi32(r));
@@ -100,8 +132,13 @@ pub unsafe fn vec_dot_4rows_exact<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0
         let b = w.map(|w| w.get_unchecked(i));
         let aq = load256(ab.qs.as_ptr().cast());
         let d = _mm256_castps128_ps256(scales_4rows(b, f16_to_f32(ab.d)));
+        let base = if I::VNNI { vnni_base::<I, B>(aq) } else { _mm256_setzero_si256() };
         for r in 0..4 {
-            let sumi = dot_i8_quads(b[r].quants(), aq);
+            let sumi = if I::VNNI {
+                dpbusd::<I>(base, vnni_unsigned(b[r]), aq)
+            } else {
+                signed_quads::<I>(b[r].quants(), aq)
+            };
             let d_r = _mm256_permutevar8x32_ps(d, lane[r]);
             acc[r] = _mm256_fmadd_ps(d_r, _mm256_cvtepi32_ps(sumi), acc[r]);
         }
@@ -113,7 +150,7 @@ pub unsafe fn vec_dot_4rows_exact<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0
 /// to its own [`repacked`]: lane r of one accumulator is row r's chain, so the four integer sums
 /// are reduced together ([`hsum_i32_x4`]) and the four FMAs are one.
 #[inline(always)]
-pub unsafe fn repacked_4rows<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+pub unsafe fn repacked_4rows<I: Isa, B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
     let n = a.len();
     assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
     let mut acc = _mm_setzero_ps();
@@ -121,7 +158,7 @@ pub unsafe fn repacked_4rows<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) ->
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
         let aq = load256(ab.qs.as_ptr().cast());
-        let sums = hsum_i32_x4(b.map(|b| dot_i8_quads(b.quants(), aq)));
+        let sums = hsum_i32_x4(b.map(|b| signed_quads::<I>(b.quants(), aq)));
         let d = scales_4rows(b, f16_to_f32(ab.d));
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), d, acc);
     }
@@ -136,15 +173,15 @@ pub unsafe fn repacked_4rows<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) ->
 /// model's Q8_0 output matrix this is about half [`vec_dot`]'s instructions per block. The
 /// differences from vec_dot's sum are float rounding (relative 1e-7 of the row's magnitude).
 #[inline(always)]
-pub unsafe fn vec_dot_4rows<B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
-    let [out] = vec_dot_4rows_n(w, [a]);
+pub unsafe fn vec_dot_4rows<I: Isa, B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    let [out] = vec_dot_4rows_n::<I, _, 1>(w, [a]);
     out
 }
 
 /// [`vec_dot_4rows`] against `N` activation rows: the four weight blocks are unpacked once per
 /// block, and each activation row has its own accumulator that sees the single-row operations.
 #[inline(always)]
-pub unsafe fn vec_dot_4rows_n<B: SignedBlock32, const N: usize>(
+pub unsafe fn vec_dot_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: [&[B]; 4],
     a: [&[BlockQ8_0]; N],
 ) -> [[f32; 4]; N] {
@@ -157,13 +194,18 @@ pub unsafe fn vec_dot_4rows_n<B: SignedBlock32, const N: usize>(
     for i in 0..n {
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
-        let wq = b.map(|b| b.quants());
+        let wq = b.map(|b| if I::VNNI { vnni_unsigned(b) } else { b.quants() });
         let d = b.map(|b| i16::from_le_bytes(b.d()));
         let d_w = _mm_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], 0, 0, 0, 0));
         for (acc, a) in acc.iter_mut().zip(a) {
             let ab = a.get_unchecked(i);
             let aq = load256(ab.qs.as_ptr().cast());
-            let p = wq.map(|q| dot_i8_quads(q, aq));
+            let p = if I::VNNI {
+                let base = vnni_base::<I, B>(aq);
+                wq.map(|u| dpbusd::<I>(base, u, aq))
+            } else {
+                wq.map(|q| signed_quads::<I>(q, aq))
+            };
             let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
             let d = _mm_mul_ps(d_w, _mm_set1_ps(f16_to_f32(ab.d)));
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(d, d), *acc);
@@ -180,14 +222,14 @@ pub unsafe fn vec_dot_4rows_n<B: SignedBlock32, const N: usize>(
 /// As [`vec_dot`] but with ggml's two chains for IQ4_NL (even and odd blocks), summed before the
 /// horizontal add; an odd last block is added after it.
 #[inline(always)]
-pub unsafe fn vec_dot_pairs<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
-    let [out] = vec_dot_pairs_n(w, [a]);
+pub unsafe fn vec_dot_pairs<I: Isa, B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
+    let [out] = vec_dot_pairs_n::<I, _, 1>(w, [a]);
     out
 }
 
 /// [`vec_dot_pairs`] against `N` activation rows, each weight block unpacked once.
 #[inline(always)]
-pub unsafe fn vec_dot_pairs_n<B: SignedBlock32, const N: usize>(
+pub unsafe fn vec_dot_pairs_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: &[B],
     a: [&[BlockQ8_0]; N],
 ) -> [f32; N] {
@@ -198,15 +240,15 @@ pub unsafe fn vec_dot_pairs_n<B: SignedBlock32, const N: usize>(
         let (q0, d0) = (w[0].quants(), f16_to_f32(w[0].d()));
         let (q1, d1) = (w[1].quants(), f16_to_f32(w[1].d()));
         for t in 0..N {
-            acc1[t] = fma_unpacked(q0, d0, &a[t][2 * p], acc1[t]);
-            acc2[t] = fma_unpacked(q1, d1, &a[t][2 * p + 1], acc2[t]);
+            acc1[t] = fma_unpacked::<I>(q0, d0, &a[t][2 * p], acc1[t]);
+            acc2[t] = fma_unpacked::<I>(q1, d1, &a[t][2 * p + 1], acc2[t]);
         }
     }
     let mut sum: [f32; N] = std::array::from_fn(|t| hsum(_mm256_add_ps(acc1[t], acc2[t])));
     if let [last] = w_rest {
         let (q, d) = (last.quants(), f16_to_f32(last.d()));
         for (sum, a) in sum.iter_mut().zip(a) {
-            *sum += hsum(fma_unpacked(q, d, &a[w.len() - 1], _mm256_setzero_ps()));
+            *sum += hsum(fma_unpacked::<I>(q, d, &a[w.len() - 1], _mm256_setzero_ps()));
         }
     }
     sum
@@ -216,10 +258,10 @@ pub unsafe fn vec_dot_pairs_n<B: SignedBlock32, const N: usize>(
 /// `gemm_q4_b32_8x8_q8_0_lut_avx` (ggml-cpu/arch/x86/repack.cpp) both compute it: per block,
 /// the integer dot, then one scalar FMA.
 #[inline(always)]
-pub unsafe fn repacked<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
+pub unsafe fn repacked<I: Isa, B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
     let mut acc = 0.0;
     for (w, a) in w.iter().zip(a) {
-        let sumi = hsum_i32(dot_i8_quads(w.quants(), load256(a.qs.as_ptr().cast())));
+        let sumi = hsum_i32(signed_quads::<I>(w.quants(), load256(a.qs.as_ptr().cast())));
         acc = fma_scaled(sumi, f16_to_f32(w.d()), f16_to_f32(a.d), acc);
     }
     acc
@@ -229,7 +271,7 @@ pub unsafe fn repacked<B: SignedBlock32>(w: &[B], a: &[BlockQ8_0]) -> f32 {
 /// accumulator is activation row t's chain (lanes from `N` on stay zero). The same for four rows
 /// is llama.cpp's gemm order (it sums as the gemv).
 #[inline(always)]
-pub unsafe fn repacked_n<B: SignedBlock32, const N: usize>(
+pub unsafe fn repacked_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: &[B],
     a: [&[BlockQ8_0]; N],
 ) -> [f32; N] {
@@ -241,7 +283,7 @@ pub unsafe fn repacked_n<B: SignedBlock32, const N: usize>(
         let mut d_a = [0.0; 4];
         for t in 0..N {
             let y = &a[t][i];
-            sums[t] = dot_i8_quads(wq, load256(y.qs.as_ptr().cast()));
+            sums[t] = signed_quads::<I>(wq, load256(y.qs.as_ptr().cast()));
             d_a[t] = f16_to_f32(y.d);
         }
         acc = fma_scaled_x4(hsum_i32_x4(sums), f16_to_f32(wb.d()), d_a, acc);
@@ -306,9 +348,9 @@ pub fn dot_rows_tiled<W, I: Isa, const N: usize>(
     // SAFETY: the target has AVX2/FMA/F16C (this module is compiled only then); `rows_n`
     // checks the lengths it relies on.
     match (fits, repacked) {
-        (true, true) => unsafe { rows_n::<W::Block, true, N>(rows, row_bytes, a, outs) },
+        (true, true) => unsafe { rows_n::<I, W::Block, true, N>(rows, row_bytes, a, outs) },
         (true, false) if plain_vec_dot => unsafe {
-            rows_n::<W::Block, false, N>(rows, row_bytes, a, outs)
+            rows_n::<I, W::Block, false, N>(rows, row_bytes, a, outs)
         },
         _ => {
             let mut outs = outs.into_iter();
@@ -334,7 +376,7 @@ pub const ROWS_MAX_BLOCKS: usize = 512;
 /// per-row kernels form: an f32 multiply rounds the same either way round). Rows must be at
 /// most [`ROWS_MAX_BLOCKS`] wide.
 #[inline(always)]
-pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
+pub unsafe fn rows_n<I: Isa, B: SignedBlock32, const REPACKED: bool, const N: usize>(
     rows: &[u8],
     row_bytes: usize,
     a: [&[BlockQ8_0]; N],
@@ -369,13 +411,22 @@ pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
     // offset·(four activations) per lane, block and activation row, for vec_dot's order of an
     // offset format (see `vec_dot_offset_row`); rows wider than the table take `vec_dot_row`.
     let mut quads = [const { MaybeUninit::<[__m256i; N]>::uninit() }; QUAD_OFFSETS_MAX_BLOCKS];
+    // With VNNI every format takes this route (`vnni_offset`), the table holding `vnni_base`.
     let quad_offset = match B::OFFSET {
-        Some(o) if !REPACKED && n <= QUAD_OFFSETS_MAX_BLOCKS => Some(o),
-        _ => None,
+        _ if REPACKED || n > QUAD_OFFSETS_MAX_BLOCKS => None,
+        _ if I::VNNI => Some(vnni_offset::<B>()),
+        offset => offset,
     };
     if let Some(o) = quad_offset {
         for (i, q) in quads[..n].iter_mut().enumerate() {
-            q.write(a.map(|a| quad_offsets(a.get_unchecked(i), o)));
+            q.write(a.map(|a| {
+                let a = a.get_unchecked(i);
+                if I::VNNI {
+                    vnni_base::<I, B>(load256(a.qs.as_ptr().cast()))
+                } else {
+                    quad_offsets(a, o)
+                }
+            }));
         }
     }
     // SAFETY: as for `d_a`; read only when written (`quad_offset` is Some).
@@ -385,13 +436,13 @@ pub unsafe fn rows_n<B: SignedBlock32, const REPACKED: bool, const N: usize>(
         let out = if N == 8 && matches!(offset, Some(o) if o <= 8) {
             repacked_offset_row8(w, a, d_a, offsets)
         } else if offset.is_some() {
-            repacked_offset_row(w, a, d_a, offsets)
+            repacked_offset_row::<I, _, N>(w, a, d_a, offsets)
         } else if REPACKED {
-            repacked_row(w, a, d_a)
+            repacked_row::<I, _, N>(w, a, d_a)
         } else if quad_offset.is_some() {
-            vec_dot_offset_row(w, a, d_a, quads)
+            vec_dot_offset_row::<I, _, N>(w, a, d_a, quads)
         } else {
-            vec_dot_row(w, a, d_a)
+            vec_dot_row::<I, _, N>(w, a, d_a)
         };
         for (o, v) in outs.iter_mut().zip(out) {
             // SAFETY: every output holds n_rows values (asserted above).
@@ -431,7 +482,7 @@ unsafe fn scale_products<const N: usize>(d_w: f32, d_a: &[f32; N], out: *mut f32
 /// One row of [`rows_n`] in vec_dot's order: an eight-lane FMA chain per activation row. The
 /// `N` products `d_w·d_a` of a block are formed in one multiply ([`scale_products`]).
 #[inline(always)]
-unsafe fn vec_dot_row<B: SignedBlock32, const N: usize>(
+unsafe fn vec_dot_row<I: Isa, B: SignedBlock32, const N: usize>(
     w: &[B],
     a: [&[BlockQ8_0]; N],
     d_a: &[[f32; N]],
@@ -448,7 +499,7 @@ unsafe fn vec_dot_row<B: SignedBlock32, const N: usize>(
             // SAFETY (get_unchecked): every activation row has w.len() blocks (asserted by
             // the caller) and i < w.len(); `scale` points to `scales`, which holds N ≤ 8.
             let y = a[k].get_unchecked(i);
-            let sumi = dot_i8_quads(wq, load256(y.qs.as_ptr().cast()));
+            let sumi = signed_quads::<I>(wq, load256(y.qs.as_ptr().cast()));
             let d_k = _mm256_broadcast_ss(&*scale.add(k));
             acc[k] = _mm256_fmadd_ps(d_k, _mm256_cvtepi32_ps(sumi), acc[k]);
         }
@@ -462,9 +513,10 @@ unsafe fn vec_dot_row<B: SignedBlock32, const N: usize>(
 /// operations. It takes a multiply-add of the unsigned quants by the activations straight from
 /// memory where the signed quants need two sign fix-ups and a load. (Equal while no activation
 /// is -128, which `dot_i8_quads` cannot negate and Q8_0's quantiser never writes: |x·127/amax|
-/// rounds to at most 127.)
+/// rounds to at most 127.) With VNNI every format comes here: `quads` holds [`vnni_base`] and
+/// one `vpdpbusd` of the [`vnni_unsigned`] quants per block and row gives the same lane.
 #[inline(always)]
-unsafe fn vec_dot_offset_row<B: SignedBlock32, const N: usize>(
+unsafe fn vec_dot_offset_row<I: Isa, B: SignedBlock32, const N: usize>(
     w: &[B],
     a: [&[BlockQ8_0]; N],
     d_a: &[[f32; N]],
@@ -476,14 +528,18 @@ unsafe fn vec_dot_offset_row<B: SignedBlock32, const N: usize>(
     // As in `vec_dot_row`.
     let scale = std::hint::black_box(scales.as_ptr());
     for (i, ((wb, d_a), quads)) in w.iter().zip(d_a).zip(quads).enumerate() {
-        let wu = wb.unsigned_quants();
+        let wu = if I::VNNI { vnni_unsigned(wb) } else { wb.unsigned_quants() };
         scale_products(f16_to_f32(wb.d()), d_a, scales.as_mut_ptr());
         for k in 0..N {
             // SAFETY (get_unchecked): as in `vec_dot_row`. u < 2·offset ≤ 32 and |a| ≤ 128
             // keep maddubs' pair sums far from i16 saturation.
             let y = load256(a[k].get_unchecked(i).qs.as_ptr().cast());
-            let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, y), ones);
-            let sumi = _mm256_sub_epi32(sumi, quads[k]);
+            let sumi = if I::VNNI {
+                dpbusd::<I>(quads[k], wu, y)
+            } else {
+                let sumi = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, y), ones);
+                _mm256_sub_epi32(sumi, quads[k])
+            };
             let d_k = _mm256_broadcast_ss(&*scale.add(k));
             acc[k] = _mm256_fmadd_ps(d_k, _mm256_cvtepi32_ps(sumi), acc[k]);
         }
@@ -494,7 +550,7 @@ unsafe fn vec_dot_offset_row<B: SignedBlock32, const N: usize>(
 /// One row of [`rows_n`] in the repacked order: lane k of accumulator g is activation row
 /// 4g+k's scalar chain, as in [`repacked_n`] for group g.
 #[inline(always)]
-unsafe fn repacked_row<B: SignedBlock32, const N: usize>(
+unsafe fn repacked_row<I: Isa, B: SignedBlock32, const N: usize>(
     w: &[B],
     a: [&[BlockQ8_0]; N],
     d_a: &[[f32; N]],
@@ -506,7 +562,7 @@ unsafe fn repacked_row<B: SignedBlock32, const N: usize>(
         for g in 0..N / 4 {
             // SAFETY (get_unchecked): as in `vec_dot_row`.
             let sums: [__m256i; 4] = std::array::from_fn(|k| {
-                dot_i8_quads(wq, load256(a[4 * g + k].get_unchecked(i).qs.as_ptr().cast()))
+                signed_quads::<I>(wq, load256(a[4 * g + k].get_unchecked(i).qs.as_ptr().cast()))
             });
             let d = _mm_mul_ps(d_w, _mm_loadu_ps(d_a.as_ptr().add(4 * g)));
             acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(sums)), d, acc[g]);
@@ -520,7 +576,7 @@ unsafe fn repacked_row<B: SignedBlock32, const N: usize>(
 /// is `Σ u·a - offset·Σ a` (`offsets` holding the second term), the same integer, so the chains
 /// see the same operations.
 #[inline(always)]
-unsafe fn repacked_offset_row<B: SignedBlock32, const N: usize>(
+unsafe fn repacked_offset_row<I: Isa, B: SignedBlock32, const N: usize>(
     w: &[B],
     a: [&[BlockQ8_0]; N],
     d_a: &[[f32; N]],
@@ -630,7 +686,7 @@ mod tests {
         let mut it = outs.iter_mut();
         let o: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
         // SAFETY: the test machine has the target's AVX2/FMA/F16C (this module is built only then).
-        unsafe { rows_n::<B, false, 8>(&rows, row_bytes, a, o) };
+        unsafe { rows_n::<crate::quant::isa::Avx2, B, false, 8>(&rows, row_bytes, a, o) };
         for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
             let w = crate::quant::blocks::blocks::<B>(row);
             for (k, a) in a.iter().enumerate() {

@@ -117,6 +117,19 @@ pub unsafe fn dpwssd<I: Isa>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     }
 }
 
+/// [`dot_i8_quads`] on the instruction set `I`: with VNNI one `vpdpbusd` of the operands
+/// `maddubs` takes there (`|w|` and `a` with `w`'s sign), whose pair sums never saturate
+/// (at most 2·128·127), so the lanes are the same integers.
+#[inline(always)]
+pub unsafe fn signed_quads<I: Isa>(w: __m256i, a: __m256i) -> __m256i {
+    if I::VNNI {
+        let (u, s) = (_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+        dpbusd::<I>(_mm256_setzero_si256(), u, s)
+    } else {
+        dot_i8_quads(w, a)
+    }
+}
+
 /// Low nibbles of 16 bytes in lanes 0..16, high nibbles in lanes 16..32 (the Q4_0 family order).
 #[inline(always)]
 pub unsafe fn nibbles_32(qs: *const u8) -> __m256i {
