@@ -395,7 +395,10 @@ mod tests {
         let mut s = Sampler::new(p, 4);
         let (_, lp) = s.sample_logprobs(&l, &[], None, 1);
         let z: f32 = l.iter().map(|x| (x / 0.5).exp()).sum();
-        assert!((lp.top[0].logprob - (3.0 / 0.5 - z.ln())).abs() < 1e-5, "{lp:?}");
+        assert!(
+            (lp.top[0].logprob - (3.0 / 0.5 - z.ln())).abs() < 1e-5,
+            "{lp:?}"
+        );
     }
 
     #[test]

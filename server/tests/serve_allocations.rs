@@ -1,8 +1,9 @@
 //! The serving path allocates a bounded amount per request, not per token: a real server (the
 //! router behind the accept loop, on a loopback port) answers the same request for 16 and for
 //! 64 tokens, and the 48 extra tokens may cost only a few allocations on the server's threads
-//! (tokio's workers, the decode thread, the blocking pool). The client runs on a thread the
-//! counting allocator ignores, so only the server is counted.
+//! (tokio's workers, the decode thread, the blocking pool), with and without the tokens'
+//! log-probabilities and 5 alternatives each. The client runs on a thread the counting
+//! allocator ignores, so only the server is counted.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -182,9 +183,7 @@ impl Shape {
     /// log-probabilities of each of the `max_tokens` tokens and `TOP_LOGPROBS` alternatives
     /// when asked for them. (Run after the request's allocations were counted.)
     fn check(self, response: &str, max_tokens: usize) {
-        let body = response
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, body)| body);
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
         let bodies: Vec<serde_json::Value> = if self.stream {
             // Each event whole in one chunk of the chunked body, after the chunk's size line.
             let events: Vec<&str> = body
@@ -252,7 +251,8 @@ const LONG: usize = 64;
 
 /// Allocations the 48 extra tokens may cost: a third per token, room for buffers that grow by
 /// doubling (before the text pipe and the reused SSE buffer it was about 8 per streamed token
-/// and 1 per token of a whole answer).
+/// and 1 per token of a whole answer; with top-5 log-probabilities, before they were written
+/// from borrowed structs, 25 to 104 per token).
 const MAX_EXTRA: usize = (LONG - SHORT) / 3;
 
 /// Each figure is the least of this many runs: what the runtime does besides the request

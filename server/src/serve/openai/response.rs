@@ -199,10 +199,7 @@ impl Serialize for Logprobs<'_> {
                 o.serialize_field("tokens", &Seq::new(tokens.iter().map(text)))?;
                 let logprobs = tokens.iter().map(|t| wide(t.token.logprob));
                 o.serialize_field("token_logprobs", &Seq::new(logprobs))?;
-                let tops = tokens.iter().map(|t| TopMap {
-                    top: &t.top,
-                    vocab,
-                });
+                let tops = tokens.iter().map(|t| TopMap { top: &t.top, vocab });
                 o.serialize_field("top_logprobs", &Seq::new(tops))?;
                 o.serialize_field("text_offset", &Seq::new(offsets))?;
                 o.end()
@@ -346,9 +343,9 @@ mod tests {
         Table(vec![
             b"Hello",
             b" wor\"ld\"",
-            b"\xe2\x82",   // "€" but its last byte
-            b"\xac",        // the last byte alone
-            b"\xe2",        // another partial character: the same text as token 2
+            b"\xe2\x82", // "€" but its last byte
+            b"\xac",     // the last byte alone
+            b"\xe2",     // another partial character: the same text as token 2
             "né\n".as_bytes(),
             b"",
         ])

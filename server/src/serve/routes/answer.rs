@@ -292,7 +292,8 @@ impl SseState {
             .meta
             .logprobs
             .then(|| self.meta.logprobs_json(logprobs, self.text_offset));
-        self.meta.chunk(&mut self.frames, None, Some(text), json, None);
+        self.meta
+            .chunk(&mut self.frames, None, Some(text), json, None);
         if self.meta.logprobs && self.meta.kind == Kind::Completion {
             self.text_offset += text_chars(logprobs, self.meta.vocab.tokenizer());
         }

@@ -126,7 +126,15 @@ async fn generate(
         .submit(prompt, generation, Instant::now() + timeout)
         .map_err(|refused| refused_error(refused, kind))?;
     let vocab = ready.engine.shared_model();
-    answer::answer(&ready.model_id, vocab, kind, delivery, events, timeout.as_secs()).await
+    answer::answer(
+        &ready.model_id,
+        vocab,
+        kind,
+        delivery,
+        events,
+        timeout.as_secs(),
+    )
+    .await
 }
 
 fn refused_error(refused: Refused, kind: Kind) -> ApiError {
