@@ -6,8 +6,9 @@ greedy and without the prompt cache:
     counts, not times);
   - PAIRS pairs of streamed requests with "speculative": true and false, the order alternating
     from pair to pair (so a drift in the machine's load falls on both), each timed from its first
-    content token to its end: decode tokens per second, the median of each side. The two answers
-    must be the same text (greedy speculation changes no token).
+    content token to its end: decode tokens per second, the median of each side, and the
+    speed-up as the median of the pairs' ratios. The answers must all be the same text (greedy
+    speculation changes no token).
 Standard library only.
   draft_acceptance.py BASE_URL [MAX_TOKENS] [PAIRS]
 """
