@@ -4,6 +4,7 @@
 use llguidance::toktrie::SimpleVob;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use smallvec::SmallVec;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerParams {
@@ -26,19 +27,25 @@ pub struct SamplerParams {
     pub seed: u64,
 }
 
-/// One generated token's log-probability and the most likely alternatives, highest first (see
-/// [`Logprobs`] for which logits), as the engine reports it.
+/// Alternatives a [`TokenLogprob`] holds in place: OpenAI's limit on `top_logprobs`, so that
+/// no request's log-probabilities allocate per token.
+pub const TOP_LOGPROBS_INLINE: usize = 20;
+
+/// A sampled token's log-probability and the most likely tokens with theirs, highest first:
+/// log-softmax over the whole vocabulary of the logits after the penalties, divided by the
+/// temperature (1 when sampling greedily), before top-k/top-p/min-p and any grammar mask.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
     pub token: Candidate,
-    pub top: Vec<Candidate>,
+    pub top: SmallVec<[Candidate; TOP_LOGPROBS_INLINE]>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// A token and its log-probability. Its text is the vocabulary's
+/// ([`Tokenizer::piece`](crate::tokenizer::Tokenizer::piece)), looked up where it is written
+/// out rather than copied for every token.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
     pub id: u32,
-    /// The token's bytes (part of a UTF-8 character for byte tokens).
-    pub bytes: Vec<u8>,
     pub logprob: f32,
 }
 
@@ -80,16 +87,6 @@ pub struct Sampler {
     processed: Vec<f32>,
 }
 
-/// A sampled token's log-probability and the most likely tokens with theirs, highest first:
-/// log-softmax over the whole vocabulary of the logits after the penalties, divided by the
-/// temperature (1 when sampling greedily), before top-k/top-p/min-p and any grammar mask.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Logprobs {
-    pub token: u32,
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
-
 impl Sampler {
     /// Heap bytes a sampler over `n_vocab` tokens holds (the memory planner's figure): one
     /// candidate and one count per token, allocated once in [`Sampler::new`].
@@ -122,15 +119,15 @@ impl Sampler {
         self.sample_allowed(logits, history, None)
     }
 
-    /// As [`Sampler::sample_allowed`], and the chosen token's [`Logprobs`] with the `top_n`
-    /// most likely alternatives.
+    /// As [`Sampler::sample_allowed`], and the chosen token's [`TokenLogprob`] with the `top_n`
+    /// most likely alternatives (held in place up to [`TOP_LOGPROBS_INLINE`]).
     pub fn sample_logprobs(
         &mut self,
         logits: &[f32],
         history: &[u32],
         allowed: Option<&SimpleVob>,
         top_n: usize,
-    ) -> (u32, Logprobs) {
+    ) -> (u32, TokenLogprob) {
         self.keep_processed = true;
         let token = self.sample_allowed(logits, history, allowed);
         self.keep_processed = false;
@@ -144,22 +141,35 @@ impl Sampler {
         let sum: f64 = l.iter().map(|&x| (((x - max) / t) as f64).exp()).sum();
         let lse = max / t + sum.ln() as f32;
         let logprob = |x: f32| x / t - lse;
-        // The top_n (at most 20) by a running insertion: one pass, no sort of the vocabulary.
-        let mut top: Vec<(u32, f32)> = Vec::with_capacity(top_n + 1);
+        // The top_n by a running insertion: one pass, no sort of the vocabulary, and no more
+        // than top_n held at any time (so up to TOP_LOGPROBS_INLINE nothing is allocated).
+        let mut top: SmallVec<[Candidate; TOP_LOGPROBS_INLINE]> = SmallVec::new();
         if top_n > 0 {
             for (i, &x) in l.iter().enumerate() {
-                if top.len() == top_n && x <= top[top_n - 1].1 {
-                    continue;
+                if top.len() == top_n {
+                    if x <= top[top_n - 1].logprob {
+                        continue;
+                    }
+                    top.pop();
                 }
-                let at = top.partition_point(|c| c.1 >= x);
-                top.insert(at, (i as u32, x));
-                top.truncate(top_n);
+                let at = top.partition_point(|c| c.logprob >= x);
+                top.insert(
+                    at,
+                    Candidate {
+                        id: i as u32,
+                        logprob: x,
+                    },
+                );
             }
         }
-        let top = top.into_iter().map(|(i, x)| (i, logprob(x))).collect();
-        let chosen = Logprobs {
-            token,
-            logprob: logprob(l[token as usize]),
+        for c in &mut top {
+            c.logprob = logprob(c.logprob);
+        }
+        let chosen = TokenLogprob {
+            token: Candidate {
+                id: token,
+                logprob: logprob(l[token as usize]),
+            },
             top,
         };
         (token, chosen)
@@ -376,15 +386,34 @@ mod tests {
         // Token 1 is penalised to 2.0, a tie with token 2: the lower id wins, as greedy does.
         assert_eq!(t, 1);
         let z: f32 = [1.0f32, 2.0, 2.0, 0.5].iter().map(|x| x.exp()).sum();
-        assert!((lp.logprob - (2.0 - z.ln())).abs() < 1e-5, "{lp:?}");
+        assert_eq!(lp.token.id, 1);
+        assert!((lp.token.logprob - (2.0 - z.ln())).abs() < 1e-5, "{lp:?}");
         assert_eq!(lp.top.len(), 3);
-        assert_eq!(lp.top[0].0, 1);
-        assert_eq!(lp.top[2].0, 0);
-        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert_eq!(lp.top[0].id, 1);
+        assert_eq!(lp.top[2].id, 0);
+        assert!(lp.top.windows(2).all(|w| w[0].logprob >= w[1].logprob));
         let mut s = Sampler::new(p, 4);
         let (_, lp) = s.sample_logprobs(&l, &[], None, 1);
         let z: f32 = l.iter().map(|x| (x / 0.5).exp()).sum();
-        assert!((lp.top[0].1 - (3.0 / 0.5 - z.ln())).abs() < 1e-5, "{lp:?}");
+        assert!(
+            (lp.top[0].logprob - (3.0 / 0.5 - z.ln())).abs() < 1e-5,
+            "{lp:?}"
+        );
+    }
+
+    #[test]
+    fn the_most_alternatives_asked_for_are_held_in_place() {
+        let l: Vec<f32> = (0..100).map(|i| ((i * 37) % 100) as f32).collect();
+        let mut s = Sampler::new(SamplerParams::greedy(), l.len());
+        let (_, lp) = s.sample_logprobs(&l, &[], None, TOP_LOGPROBS_INLINE);
+        assert!(!lp.top.spilled());
+        assert_eq!(lp.top.len(), TOP_LOGPROBS_INLINE);
+        // The 20 highest logits are 99 down to 80, in that order.
+        let logit = |id: u32| l[id as usize];
+        let logits: Vec<f32> = lp.top.iter().map(|c| logit(c.id)).collect();
+        let expected: Vec<f32> = (80..100).rev().map(|x| x as f32).collect();
+        assert_eq!(logits, expected);
+        assert_eq!(lp.token, lp.top[0]);
     }
 
     #[test]

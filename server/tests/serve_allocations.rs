@@ -1,8 +1,9 @@
 //! The serving path allocates a bounded amount per request, not per token: a real server (the
 //! router behind the accept loop, on a loopback port) answers the same request for 16 and for
 //! 64 tokens, and the 48 extra tokens may cost only a few allocations on the server's threads
-//! (tokio's workers, the decode thread, the blocking pool). The client runs on a thread the
-//! counting allocator ignores, so only the server is counted.
+//! (tokio's workers, the decode thread, the blocking pool), with and without the tokens'
+//! log-probabilities and 5 alternatives each. The client runs on a thread the counting
+//! allocator ignores, so only the server is counted.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -126,41 +127,105 @@ impl Server {
     }
 }
 
+/// Which endpoint a measured request goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
 /// Which request is measured.
 #[derive(Clone, Copy, Debug)]
-enum Shape {
-    ChatStream,
-    CompletionStream,
-    ChatWhole,
-    CompletionWhole,
+struct Shape {
+    endpoint: Endpoint,
+    stream: bool,
+    /// With the log-probabilities of each token and its 5 most likely alternatives.
+    logprobs: bool,
 }
+
+/// Alternatives asked for per token (what clients commonly ask; OpenAI allows up to 20).
+const TOP_LOGPROBS: usize = 5;
 
 impl Shape {
     fn path(self) -> &'static str {
-        match self {
-            Shape::ChatStream | Shape::ChatWhole => "/v1/chat/completions",
-            Shape::CompletionStream | Shape::CompletionWhole => "/v1/completions",
+        match self.endpoint {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completion => "/v1/completions",
         }
     }
 
     fn body(self, max_tokens: usize) -> String {
-        let stream = matches!(self, Shape::ChatStream | Shape::CompletionStream);
         // Prompts the default model answers at length at temperature 0 (the test checks that
         // every request ran to `max_tokens`).
-        let input = match self {
-            Shape::ChatStream | Shape::ChatWhole => {
+        let input = match self.endpoint {
+            Endpoint::Chat => {
                 r#""messages":[{"role":"user","content":"Write a long story about a dragon who learns to bake bread."}]"#
             }
-            Shape::CompletionStream | Shape::CompletionWhole => {
-                r#""prompt":"The history of the city began long ago, when""#
-            }
+            Endpoint::Completion => r#""prompt":"The history of the city began long ago, when""#,
         };
-        let usage = if stream {
+        let usage = if self.stream {
             r#","stream_options":{"include_usage":true}"#
         } else {
             ""
         };
-        format!(r#"{{{input},"max_tokens":{max_tokens},"temperature":0,"stream":{stream}{usage}}}"#)
+        let logprobs = match (self.logprobs, self.endpoint) {
+            (false, _) => String::new(),
+            (true, Endpoint::Chat) => format!(r#","logprobs":true,"top_logprobs":{TOP_LOGPROBS}"#),
+            (true, Endpoint::Completion) => format!(r#","logprobs":{TOP_LOGPROBS}"#),
+        };
+        let stream = self.stream;
+        format!(
+            r#"{{{input},"max_tokens":{max_tokens},"temperature":0,"stream":{stream}{usage}{logprobs}}}"#
+        )
+    }
+
+    /// Checks that `response` is what this shape asks for: streamed or not, and with the
+    /// log-probabilities of each of the `max_tokens` tokens and `TOP_LOGPROBS` alternatives
+    /// when asked for them. (Run after the request's allocations were counted.)
+    fn check(self, response: &str, max_tokens: usize) {
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        let bodies: Vec<serde_json::Value> = if self.stream {
+            // Each event whole in one chunk of the chunked body, after the chunk's size line.
+            let events: Vec<&str> = body
+                .split("\n\n")
+                .filter_map(|e| e.split_once("data: ").map(|(_, data)| data))
+                .collect();
+            assert_eq!(events.last(), Some(&"[DONE]"), "{self:?}: {response}");
+            events[..events.len() - 1]
+                .iter()
+                .map(|e| serde_json::from_str(e).unwrap())
+                .collect()
+        } else {
+            vec![serde_json::from_str(body).unwrap()]
+        };
+        // Each token's alternatives: chat has a list per token, completions a map.
+        let mut tops = Vec::new();
+        for body in &bodies {
+            let Some(logprobs) = body["choices"].get(0).map(|c| &c["logprobs"]) else {
+                continue; // the usage chunk
+            };
+            if logprobs.is_null() {
+                continue;
+            }
+            match self.endpoint {
+                Endpoint::Chat => {
+                    for entry in logprobs["content"].as_array().unwrap() {
+                        tops.push(entry["top_logprobs"].as_array().unwrap().len());
+                    }
+                }
+                Endpoint::Completion => {
+                    for top in logprobs["top_logprobs"].as_array().unwrap() {
+                        tops.push(top.as_object().unwrap().len());
+                    }
+                }
+            }
+        }
+        let expected = if self.logprobs {
+            vec![TOP_LOGPROBS; max_tokens]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(tops, expected, "{self:?}: {response}");
     }
 }
 
@@ -176,12 +241,7 @@ fn allocations(server: &Server, shape: Shape, max_tokens: usize) -> usize {
         response.contains(&tokens),
         "{shape:?} did not generate {max_tokens} tokens: {response}"
     );
-    let streamed = response.contains("data: [DONE]");
-    assert_eq!(
-        streamed,
-        matches!(shape, Shape::ChatStream | Shape::CompletionStream),
-        "{response}"
-    );
+    shape.check(&response, max_tokens);
     allocations
 }
 
@@ -191,7 +251,8 @@ const LONG: usize = 64;
 
 /// Allocations the 48 extra tokens may cost: a third per token, room for buffers that grow by
 /// doubling (before the text pipe and the reused SSE buffer it was about 8 per streamed token
-/// and 1 per token of a whole answer).
+/// and 1 per token of a whole answer; with top-5 log-probabilities, before they were written
+/// from borrowed structs, 25 to 104 per token).
 const MAX_EXTRA: usize = (LONG - SHORT) / 3;
 
 /// Each figure is the least of this many runs: what the runtime does besides the request
@@ -201,12 +262,18 @@ const RUNS: usize = 2;
 #[test]
 fn serving_allocations_do_not_grow_with_tokens() {
     let server = Server::start();
-    let shapes = [
-        Shape::ChatStream,
-        Shape::CompletionStream,
-        Shape::ChatWhole,
-        Shape::CompletionWhole,
-    ];
+    let mut shapes = Vec::new();
+    for logprobs in [false, true] {
+        for stream in [true, false] {
+            for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+                shapes.push(Shape {
+                    endpoint,
+                    stream,
+                    logprobs,
+                });
+            }
+        }
+    }
     let mut failures = Vec::new();
     for shape in shapes {
         // Once unmeasured: lazily made tables, pool threads and buffers that then stay.

@@ -74,6 +74,12 @@ impl Engine {
         &self.model
     }
 
+    /// The model, for what outlives a borrow of the engine (a streamed answer writing out
+    /// token texts from its vocabulary).
+    pub fn shared_model(&self) -> Arc<Model> {
+        self.model.clone()
+    }
+
     /// Each slot's context size.
     pub fn n_ctx(&self) -> usize {
         self.scheduler.n_ctx()

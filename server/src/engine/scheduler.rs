@@ -26,7 +26,7 @@ use super::stop::StopMatcher;
 use super::Slots;
 use crate::grammar::Constraint;
 use crate::model::{decode_batch, Model, Session, MAX_DRAFT, UBATCH};
-use crate::sampler::{Candidate, Sampler, TokenLogprob};
+use crate::sampler::{Sampler, TokenLogprob};
 use crate::tokenizer::StreamDecoder;
 
 /// Prompt tokens evaluated per round: long prompts are split so that other slots keep
@@ -582,15 +582,8 @@ impl Task {
                 let (token, lp) =
                     task.sampler
                         .sample_logprobs(logits, &task.history, mask.as_ref(), top_n);
-                let candidate = |id: u32, logprob: f32| Candidate {
-                    id,
-                    bytes: tokenizer.piece(id, true).to_vec(),
-                    logprob,
-                };
-                task.logprobs.push(TokenLogprob {
-                    token: candidate(lp.token, lp.logprob),
-                    top: lp.top.iter().map(|&(id, l)| candidate(id, l)).collect(),
-                });
+                // Ids only: the front end writes out their text from the vocabulary.
+                task.logprobs.push(lp);
                 token
             }
         };

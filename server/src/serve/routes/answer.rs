@@ -4,6 +4,7 @@
 //! [`Frames`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,12 +12,13 @@ use futures_util::stream;
 
 use crate::engine::chat_template::ToolSyntax;
 use crate::engine::{End, Event, Events, FinishReason, JobFailure, Piece, Usage};
+use crate::model::Model;
 use crate::sampler::TokenLogprob;
 use crate::serve::error::ApiError;
 use crate::serve::openai::tools;
 use crate::serve::openai::{
-    chat_logprobs, completion_logprobs, finish_reason, AssistantMessage, ChatChoice, ChatChunk,
-    ChatCompletion, ChunkChoice, Delivery, Delta, TextChoice, TextCompletion,
+    finish_reason, text_chars, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion,
+    ChunkChoice, Delivery, Delta, Logprobs, TextChoice, TextCompletion,
 };
 use crate::serve::sse::{self, Frames};
 use crate::serve::unix_now;
@@ -37,12 +39,15 @@ struct Meta {
     include_usage: bool,
     logprobs: bool,
     tools: Option<ToolSyntax>,
+    /// Whose vocabulary holds the tokens' texts (written out with their log-probabilities).
+    vocab: Arc<Model>,
 }
 
 /// Answers from the events of a submitted job. Waiting for the first event lets queueing
 /// failures (time limit, shutdown) be HTTP errors even when streaming.
 pub async fn answer(
     model: &str,
+    vocab: Arc<Model>,
     kind: Kind,
     delivery: Delivery,
     mut events: Events,
@@ -56,6 +61,7 @@ pub async fn answer(
         include_usage: delivery.include_usage,
         logprobs: delivery.logprobs,
         tools: delivery.tools,
+        vocab,
     };
     let mut piece = Piece::default();
     let first = events.recv(&mut piece).await;
@@ -129,10 +135,7 @@ fn final_body(
     finish: FinishReason,
     usage: Usage,
 ) -> Response {
-    let logprobs = meta.logprobs.then(|| match meta.kind {
-        Kind::Chat => chat_logprobs(logprobs),
-        Kind::Completion => completion_logprobs(logprobs, &mut 0),
-    });
+    let logprobs = meta.logprobs.then(|| meta.logprobs_json(logprobs, 0));
     let (content, calls) = match meta.tools {
         Some(syntax) if meta.kind == Kind::Chat => tools::parse(syntax, &text),
         _ => (Some(text.clone()), Vec::new()),
@@ -243,8 +246,7 @@ impl SseState {
                         return;
                     }
                     let text = self.held.take().unwrap_or_default();
-                    let logprobs = std::mem::take(&mut self.held_logprobs);
-                    return self.text_chunk(&text, &logprobs);
+                    return self.held_chunk(&text);
                 }
                 // Taken out for the call and put back: moving a `Piece` allocates nothing.
                 let piece = std::mem::take(&mut self.rx.piece);
@@ -256,8 +258,7 @@ impl SseState {
                 if let (Some(held), Some(syntax)) = (self.held.take(), self.meta.tools) {
                     let (content, calls) = tools::parse(syntax, &held);
                     if calls.is_empty() {
-                        let logprobs = std::mem::take(&mut self.held_logprobs);
-                        self.text_chunk(&held, &logprobs);
+                        self.held_chunk(&held);
                     } else {
                         if let Some(content) = content {
                             let frames = &mut self.frames;
@@ -287,12 +288,24 @@ impl SseState {
 
     /// The chunk of a piece of text (empty text with only log-probabilities included).
     fn text_chunk(&mut self, text: &str, logprobs: &[TokenLogprob]) {
-        let logprobs = self.meta.logprobs.then(|| match self.meta.kind {
-            Kind::Chat => chat_logprobs(logprobs),
-            Kind::Completion => completion_logprobs(logprobs, &mut self.text_offset),
-        });
+        let json = self
+            .meta
+            .logprobs
+            .then(|| self.meta.logprobs_json(logprobs, self.text_offset));
         self.meta
-            .chunk(&mut self.frames, None, Some(text), logprobs, None);
+            .chunk(&mut self.frames, None, Some(text), json, None);
+        if self.meta.logprobs && self.meta.kind == Kind::Completion {
+            self.text_offset += text_chars(logprobs, self.meta.vocab.tokenizer());
+        }
+    }
+
+    /// [`SseState::text_chunk`] of the text held while it might have been a tool call, with
+    /// the log-probabilities held with it (their buffer kept for the next).
+    fn held_chunk(&mut self, text: &str) {
+        let mut logprobs = std::mem::take(&mut self.held_logprobs);
+        self.text_chunk(text, &logprobs);
+        logprobs.clear();
+        self.held_logprobs = logprobs;
     }
 
     /// A failure after the stream started: an `error` event (the SDKs raise it), then the end.
@@ -306,13 +319,27 @@ impl SseState {
 }
 
 impl Meta {
+    /// The choice's `logprobs` for `tokens`, whose text starts `offset` characters into the
+    /// completion.
+    fn logprobs_json<'a>(&'a self, tokens: &'a [TokenLogprob], offset: usize) -> Logprobs<'a> {
+        let vocab = self.vocab.tokenizer();
+        match self.kind {
+            Kind::Chat => Logprobs::Chat { tokens, vocab },
+            Kind::Completion => Logprobs::Completion {
+                tokens,
+                vocab,
+                offset,
+            },
+        }
+    }
+
     /// One chunk: for chat a `delta`, for completions the `text`.
     fn chunk(
         &self,
         frames: &mut Frames,
         role: Option<&'static str>,
         text: Option<&str>,
-        logprobs: Option<serde_json::Value>,
+        logprobs: Option<Logprobs<'_>>,
         finish: Option<&'static str>,
     ) {
         let usage = self.include_usage.then_some(None);

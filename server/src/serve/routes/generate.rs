@@ -125,7 +125,16 @@ async fn generate(
         .engine
         .submit(prompt, generation, Instant::now() + timeout)
         .map_err(|refused| refused_error(refused, kind))?;
-    answer::answer(&ready.model_id, kind, delivery, events, timeout.as_secs()).await
+    let vocab = ready.engine.shared_model();
+    answer::answer(
+        &ready.model_id,
+        vocab,
+        kind,
+        delivery,
+        events,
+        timeout.as_secs(),
+    )
+    .await
 }
 
 fn refused_error(refused: Refused, kind: Kind) -> ApiError {
