@@ -654,6 +654,7 @@ mod tests {
     use crate::quant::formats::q4_0::BlockQ4_0;
     use crate::quant::formats::q5_0::BlockQ5_0;
     use crate::quant::random::random_row;
+    use crate::quant::isa::{Avx2, Vnni};
     use crate::quant::GgmlType;
 
     /// `n_rows` random rows of `ty` and eight quantised activation rows, `blocks` blocks wide.
@@ -677,7 +678,7 @@ mod tests {
     }
 
     /// Each of [`rows_n`]'s outputs in vec_dot's order against [`vec_dot`] of its row.
-    fn rows_n_equals_vec_dot<B: SignedBlock32>(ty: GgmlType, blocks: usize) {
+    fn rows_n_equals_vec_dot<I: Isa, B: SignedBlock32>(ty: GgmlType, blocks: usize) {
         let n_rows = 3;
         let (rows, acts) = rows_and_acts(ty, blocks, n_rows);
         let row_bytes = blocks * size_of::<B>();
@@ -686,12 +687,12 @@ mod tests {
         let mut it = outs.iter_mut();
         let o: [&mut [f32]; 8] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
         // SAFETY: the test machine has the target's AVX2/FMA/F16C (this module is built only then).
-        unsafe { rows_n::<crate::quant::isa::Avx2, B, false, 8>(&rows, row_bytes, a, o) };
+        unsafe { rows_n::<I, B, false, 8>(&rows, row_bytes, a, o) };
         for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
             let w = crate::quant::blocks::blocks::<B>(row);
             for (k, a) in a.iter().enumerate() {
                 // SAFETY: as above.
-                let want = unsafe { vec_dot(w, a) };
+                let want = unsafe { vec_dot::<I, _>(w, a) };
                 assert_eq!(outs[k][r].to_bits(), want.to_bits(), "{ty} {blocks} blocks row {r} act {k}");
             }
         }
@@ -702,9 +703,16 @@ mod tests {
     /// for an offset format; both sides of the boundary give vec_dot's bits.
     #[test]
     fn offset_formats_on_both_sides_of_the_lane_offset_table_equal_vec_dot() {
+        let vnni = crate::quant::isa::detected() == crate::quant::isa::Choice::Vnni;
         for blocks in [QUAD_OFFSETS_MAX_BLOCKS, QUAD_OFFSETS_MAX_BLOCKS + 1] {
-            rows_n_equals_vec_dot::<BlockQ5_0>(GgmlType::Q5_0, blocks);
-            rows_n_equals_vec_dot::<BlockQ4_0>(GgmlType::Q4_0, blocks);
+            rows_n_equals_vec_dot::<Avx2, BlockQ5_0>(GgmlType::Q5_0, blocks);
+            rows_n_equals_vec_dot::<Avx2, BlockQ4_0>(GgmlType::Q4_0, blocks);
+            if vnni {
+                // With VNNI the signed Q8_0 takes the lane-offset table too.
+                rows_n_equals_vec_dot::<Vnni, BlockQ5_0>(GgmlType::Q5_0, blocks);
+                rows_n_equals_vec_dot::<Vnni, BlockQ4_0>(GgmlType::Q4_0, blocks);
+                rows_n_equals_vec_dot::<Vnni, BlockQ8_0>(GgmlType::Q8_0, blocks);
+            }
         }
     }
 }
