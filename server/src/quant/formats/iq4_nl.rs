@@ -56,15 +56,21 @@ avx2! {
     /// Blocks per tile of [`repacked_rows_x8`]: 48 × 544 bytes of widened activations, 26 KiB.
     const TILE: usize = 48;
 
+    /// Blocks per tile of the VNNI [`repacked_rows_x8`]: 80 × 320 bytes of byte activations, 25 KiB.
+    const TILE_I8: usize = 80;
+
     /// Weight rows against eight activation rows in the repacked order, `outs[k][r]` bit-identical
     /// to [`block32::repacked_n`] of row r and activation row k (its group of four): per block
     /// the exact integer dot, then `acc + sumi·(d_w·d_a)` with one rounding, lane k of one
     /// accumulator for activation row k. Each block's grid lookup runs once for the eight
     /// activation rows, which were widened to i16 once for all the rows ([`iq4::rows_x8`]); the
     /// eight integer dots are reduced together and converted, scaled and added in one
-    /// instruction each.
+    /// instruction each. With VNNI the activations stay bytes and each block and activation row
+    /// is one `vpdpbusd` against the grid offset to unsigned ([`iq4::grid_u8`]); the offset's
+    /// `128·Σa`, summed once per tile entry, is taken off the eight exact totals in one
+    /// subtraction, so the integers, and everything after them, are the AVX2 ones.
     #[inline(always)]
-    unsafe fn repacked_rows_x8(
+    unsafe fn repacked_rows_x8<I: Isa>(
         rows: &[u8],
         row_bytes: usize,
         a: [&[BlockQ8_0]; 8],
@@ -72,6 +78,29 @@ avx2! {
     ) {
         let n = row_bytes / size_of::<BlockIq4Nl>();
         assert!(a.iter().all(|a| a.len() == n), "activations of another width");
+        if I::VNNI {
+            let widen = |i: usize, e: *mut iq4::ActsI8| {
+                for (k, a) in a.iter().enumerate() {
+                    // SAFETY: i < n, the activations' length (asserted above); `e` points at a
+                    // tile entry.
+                    let y = a.get_unchecked(i);
+                    std::ptr::addr_of_mut!((*e).q[k]).write(y.qs);
+                    (*e).offset[k] = 128 * y.qs.iter().map(|&v| v as i32).sum::<i32>();
+                    (*e).d[k] = f16_to_f32(y.d);
+                }
+            };
+            let dot = |b: &BlockIq4Nl, e: &iq4::ActsI8, acc: __m256| {
+                let u = iq4::grid_u8(b.qs.as_ptr());
+                let biased = sum_lanes_x8(std::array::from_fn(|k| {
+                    iq4::dpbusd_mem::<I>(_mm256_setzero_si256(), u, e.q[k].as_ptr())
+                }));
+                let sums = _mm256_sub_epi32(biased, _mm256_loadu_si256(e.offset.as_ptr().cast()));
+                let d = _mm256_mul_ps(broadcast_f16(b.d), _mm256_loadu_ps(e.d.as_ptr()));
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc)
+            };
+            iq4::rows_x8::<BlockIq4Nl, iq4::ActsI8, TILE_I8>(rows, row_bytes, n, outs, widen, dot);
+            return;
+        }
         let widen = |i: usize, e: *mut Acts<QK>| {
             for (k, a) in a.iter().enumerate() {
                 // SAFETY: i < n, the activations' length (asserted above); `e` points at a
@@ -87,7 +116,7 @@ avx2! {
             let d = _mm256_mul_ps(broadcast_f16(b.d), _mm256_loadu_ps(e.d.as_ptr()));
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc)
         };
-        iq4::rows_x8::<BlockIq4Nl, QK, TILE>(rows, row_bytes, n, outs, widen, dot);
+        iq4::rows_x8::<BlockIq4Nl, Acts<QK>, TILE>(rows, row_bytes, n, outs, widen, dot);
     }
 
     impl SignedBlock32 for BlockIq4Nl {
@@ -129,7 +158,7 @@ avx2! {
             match order {
                 // SAFETY: the target has AVX2/FMA/F16C; the kernel checks the lengths it
                 // relies on.
-                DotOrder::Repacked => unsafe { repacked_rows_x8(rows, row_bytes, a, outs) },
+                DotOrder::Repacked => unsafe { repacked_rows_x8::<I>(rows, row_bytes, a, outs) },
                 _ => block32::dot_rows_tiled::<Self, I, 8>(rows, row_bytes, a, order, outs, false),
             }
         }

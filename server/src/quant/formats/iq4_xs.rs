@@ -72,10 +72,10 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::{dot_n_by_row, Kernels};
-    use crate::quant::isa::Isa;
+    use crate::quant::isa::{Avx2, Isa};
     use crate::quant::simd::super_block::{broadcast_i16_mask, scaled_dot, scaled_dot_n, ScaledBlock};
-    use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
-    use crate::quant::simd::{iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
+    use crate::quant::simd::iq4::{self, broadcast_f16, grid_i16, sum_lanes_x8, Acts};
+    use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
     use crate::quant::DotOrder;
 
     /// Super-blocks per tile of [`tiled_rows_x8`]: 6 × 4128 bytes of widened activations, 24 KiB.
@@ -90,7 +90,7 @@ avx2! {
     /// integer totals are reduced together and finished with one conversion, one multiply and
     /// one FMA for the eight.
     #[inline(always)]
-    unsafe fn tiled_rows_x8(
+    unsafe fn tiled_rows_x8<I: Isa>(
         rows: &[u8],
         row_bytes: usize,
         a: [&[BlockQ8K]; 8],
@@ -118,7 +118,7 @@ avx2! {
                 let scale = _mm256_shuffle_epi8(scales, broadcast_i16_mask(s as i16));
                 let w = (_mm256_mullo_epi16(lo, scale), _mm256_mullo_epi16(hi, scale));
                 for (sumi, q) in sumi.iter_mut().zip(&e.q) {
-                    *sumi = _mm256_add_epi32(*sumi, dot_i16(w, q.as_ptr().add(32 * s)));
+                    *sumi = iq4::acc_dot_i16::<I>(*sumi, w, q.as_ptr().add(32 * s));
                 }
             };
             // Written out, not a loop (which LLVM keeps rolled): each sub-block's scale mask and
@@ -134,7 +134,7 @@ avx2! {
             let x = _mm256_mul_ps(broadcast_f16(b.d), _mm256_cvtepi32_ps(sum_lanes_x8(sumi)));
             _mm256_fmadd_ps(x, _mm256_loadu_ps(e.d.as_ptr()), acc)
         };
-        iq4::rows_x8::<BlockIq4Xs, QK_K, TILE>(rows, row_bytes, n, outs, widen, dot);
+        iq4::rows_x8::<BlockIq4Xs, Acts<QK_K>, TILE>(rows, row_bytes, n, outs, widen, dot);
     }
 
     impl ScaledBlock for BlockIq4Xs {
@@ -145,7 +145,7 @@ avx2! {
 
         #[inline(always)]
         unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
-            let [s] = self.sumi_n([y]);
+            let [s] = self.sumi_n::<Avx2, 1>([y]);
             s
         }
     }
@@ -171,7 +171,7 @@ avx2! {
         /// `Σ_s (ls_s-32)·(v·a)_s` against `N` activation super-blocks (integer, so only the
         /// lanes matter); sub-block s reads qs[16s..16s+16], looked up once for all `N`.
         #[inline(always)]
-        unsafe fn sumi_n<const N: usize>(&self, y: [&BlockQ8K; N]) -> [__m256i; N] {
+        unsafe fn sumi_n<I: Isa, const N: usize>(&self, y: [&BlockQ8K; N]) -> [__m256i; N] {
             let grid = iq4nl_grid();
             let scales = self.scales16();
             let mut sumi = [_mm256_setzero_si256(); N];
@@ -180,7 +180,12 @@ avx2! {
                 let scale = _mm256_shuffle_epi8(scales, broadcast_i16_mask(s as i16));
                 for (sumi, y) in sumi.iter_mut().zip(y) {
                     let act = load256(y.qs.as_ptr().add(32 * s).cast());
-                    *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(mul_i8_pairs(q, act), scale));
+                    // With VNNI the madd and the add are one `vpdpwssd`, its lanes the same.
+                    *sumi = if I::VNNI {
+                        dpwssd::<I>(*sumi, mul_i8_pairs(q, act), scale)
+                    } else {
+                        _mm256_add_epi32(*sumi, _mm256_madd_epi16(mul_i8_pairs(q, act), scale))
+                    };
                 }
             }
             sumi
@@ -192,7 +197,16 @@ avx2! {
         fn dot(w: &[BlockIq4Xs], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`.
-            unsafe { scaled_dot(w, a, order) }
+            // With VNNI through `sumi_n` (the trait's `sumi` is the AVX2 one): the same code as
+            // `scaled_dot`, whose `sumi` is `sumi_n` of one row.
+            unsafe {
+                if I::VNNI {
+                    let [out] = scaled_dot_n(w, [a], order, |b, y| b.sumi_n::<I, 1>(y));
+                    out
+                } else {
+                    scaled_dot(w, a, order)
+                }
+            }
         }
 
         #[inline]
@@ -213,7 +227,7 @@ avx2! {
             match order {
                 // SAFETY: the target has AVX2/FMA/F16C; the kernel checks the lengths it
                 // relies on.
-                DotOrder::Tiled => unsafe { tiled_rows_x8(rows, row_bytes, a, outs) },
+                DotOrder::Tiled => unsafe { tiled_rows_x8::<I>(rows, row_bytes, a, outs) },
                 _ => dot_n_by_row::<Self, I, 8>(rows, row_bytes, a, order, outs),
             }
         }
@@ -222,7 +236,7 @@ avx2! {
         fn dot_n<const N: usize>(w: &[BlockIq4Xs], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
             // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
             // the caller).
-            unsafe { scaled_dot_n(w, a, order, |b, y| b.sumi_n(y)) }
+            unsafe { scaled_dot_n(w, a, order, |b, y| b.sumi_n::<I, N>(y)) }
         }
     }
 }

@@ -8,11 +8,19 @@
 //! per call, a 32-value block against one activation row is two `_mm256_madd_epi16` (their loads
 //! folded) and an add. The integer sums are the same: both routes are exact here (|w|, |a| ≤ 127,
 //! so maddubs never saturates), and integer addition does not depend on its order.
+//!
+//! With VNNI the IQ4_NL kernel goes back to bytes: `vpdpbusd` takes unsigned × signed bytes, so
+//! the grid is looked up offset by +128 (1..=241, unsigned) against the activations as they are,
+//! one instruction per block and activation row, and 128·Σa, computed once per tile entry, is
+//! taken off the exact total. IQ4_XS keeps the i16 route (its sub-block scale is multiplied into
+//! the weights), with `vpdpwssd` folding each madd and its add.
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use crate::quant::blocks::{blocks, Block, KVALUES_IQ4NL};
+use crate::quant::isa::Isa;
+use crate::quant::simd::{dpbusd, dpwssd, nibbles_32};
 
 /// One entry of a tile: one block's worth (`L` values) of each of the eight activation rows as
 /// i16, and their scales (f32), lane k for activation row k.
@@ -20,6 +28,75 @@ use crate::quant::blocks::{blocks, Block, KVALUES_IQ4NL};
 pub struct Acts<const L: usize> {
     pub q: [[i16; L]; 8],
     pub d: [f32; 8],
+}
+
+/// One entry of the VNNI IQ4_NL tile: a 32-value block of each of the eight activation rows as
+/// the signed bytes they are, `128·Σa` of each (what the +128 of [`grid_u8`] adds to the dot),
+/// and their scales (f32), lane k for activation row k.
+#[repr(C, align(32))]
+pub struct ActsI8 {
+    pub q: [[i8; 32]; 8],
+    pub offset: [i32; 8],
+    pub d: [f32; 8],
+}
+
+/// [`KVALUES_IQ4NL`] plus 128, as unsigned bytes (1..=241): `vpdpbusd`'s unsigned operand.
+const GRID_U8: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_IQ4NL[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The 32 grid values of 16 bytes of nibbles in the Q4_0 order plus 128, as unsigned bytes:
+/// the low nibbles' in bytes 0..16, the high ones' in 16..32.
+#[inline(always)]
+pub unsafe fn grid_u8(qs: *const u8) -> __m256i {
+    let grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(GRID_U8.as_ptr().cast()));
+    _mm256_shuffle_epi8(grid, nibbles_32(qs))
+}
+
+/// [`dpbusd`] with the signed operand read from memory: under VNNI one `vpdpbusd` with the load
+/// folded (the shared primitive takes registers only, which costs a separate load per row).
+#[inline(always)]
+pub unsafe fn dpbusd_mem<I: Isa>(acc: __m256i, u: __m256i, s: *const i8) -> __m256i {
+    if I::VNNI {
+        let mut acc = acc;
+        // SAFETY: `I::VNNI` is chosen only where the CPU has AVX512-VNNI and AVX512VL; the
+        // caller gives 32 readable bytes at `s`.
+        std::arch::asm!(
+            "vpdpbusd {acc}, {u}, ymmword ptr [{s}]",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(reg) s,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
+    } else {
+        dpbusd::<I>(acc, u, _mm256_loadu_si256(s.cast()))
+    }
+}
+
+/// [`dpwssd`] with the second operand (16 i16) read from memory, as [`dpbusd_mem`].
+#[inline(always)]
+pub unsafe fn dpwssd_mem<I: Isa>(acc: __m256i, a: __m256i, b: *const i16) -> __m256i {
+    if I::VNNI {
+        let mut acc = acc;
+        // SAFETY: as in `dpbusd_mem`; the caller gives 32 readable bytes at `b`.
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, ymmword ptr [{b}]",
+            acc = inout(ymm_reg) acc,
+            a = in(ymm_reg) a,
+            b = in(reg) b,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
+    } else {
+        dpwssd::<I>(acc, a, _mm256_loadu_si256(b.cast()))
+    }
 }
 
 /// The 32 grid values of 16 bytes of nibbles in the Q4_0 order, as i16: elements 0..16 (the low
@@ -44,6 +121,17 @@ pub unsafe fn widen_32(src: *const i8, dst: *mut i16) {
         dst.add(16).cast(),
         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
     );
+}
+
+/// `acc +` [`dot_i16`]: with VNNI two `vpdpwssd` (loads folded), otherwise exactly today's two
+/// madds and two adds (the lanes differ between the two, their total does not).
+#[inline(always)]
+pub unsafe fn acc_dot_i16<I: Isa>(acc: __m256i, w: (__m256i, __m256i), a: *const i16) -> __m256i {
+    if I::VNNI {
+        dpwssd_mem::<I>(dpwssd_mem::<I>(acc, w.0, a), w.1, a.add(16))
+    } else {
+        _mm256_add_epi32(acc, dot_i16(w, a))
+    }
 }
 
 /// `Σ w·a` of 32 values as eight i32 lanes: `w` as [`grid_i16`] gives it, `a` 32 i16.
@@ -78,18 +166,18 @@ pub unsafe fn broadcast_f16(d: [u8; 2]) -> __m256 {
 
 /// Consecutive weight rows (`row_bytes` each, `n` blocks of `B`) against eight activation rows,
 /// `outs[k][r]` = the chain of weight row r and activation row k, lane k of one accumulator.
-/// The blocks go in tiles of `T`: `widen(i, entry)` writes block i's activations into a tile
-/// entry once for all the weight rows, then `dot(block, entry, acc)` extends each row's eight
+/// The blocks go in tiles of `T` entries `E` ([`Acts`], or [`ActsI8`] for VNNI's IQ4_NL):
+/// `widen(i, entry)` writes block i's activations into a tile entry once for all the weight rows, then `dot(block, entry, acc)` extends each row's eight
 /// chains block by block. Between tiles the chains wait in `outs` (f32, so exactly), so every
 /// output sees its blocks in order, whatever the width; the first tile starts from +0.0.
 #[inline(always)]
-pub unsafe fn rows_x8<B: Block, const L: usize, const T: usize>(
+pub unsafe fn rows_x8<B: Block, E, const T: usize>(
     rows: &[u8],
     row_bytes: usize,
     n: usize,
     mut outs: [&mut [f32]; 8],
-    widen: impl Fn(usize, *mut Acts<L>),
-    dot: impl Fn(&B, &Acts<L>, __m256) -> __m256,
+    widen: impl Fn(usize, *mut E),
+    dot: impl Fn(&B, &E, __m256) -> __m256,
 ) {
     assert!(
         row_bytes == n * size_of::<B>() && rows.len().is_multiple_of(row_bytes.max(1)),
@@ -97,8 +185,9 @@ pub unsafe fn rows_x8<B: Block, const L: usize, const T: usize>(
     );
     let n_rows = rows.len().checked_div(row_bytes).unwrap_or(0);
     assert!(outs.iter().all(|o| o.len() == n_rows), "outputs of another row count");
-    // Uninitialised: only the entries a tile writes are read (the tile is 24 KiB, L1-sized).
-    let mut tile = [const { MaybeUninit::<Acts<L>>::uninit() }; T];
+    // Uninitialised: only the entries a tile writes are read (the callers' tiles are 24-26 KiB,
+    // L1-sized).
+    let mut tile = [const { MaybeUninit::<E>::uninit() }; T];
     let mut start = 0;
     while start < n {
         let len = T.min(n - start);
@@ -106,7 +195,7 @@ pub unsafe fn rows_x8<B: Block, const L: usize, const T: usize>(
             widen(start + j, e.as_mut_ptr());
         }
         // SAFETY: entries 0..len were written just above.
-        let entries = std::slice::from_raw_parts(tile.as_ptr().cast::<Acts<L>>(), len);
+        let entries = std::slice::from_raw_parts(tile.as_ptr().cast::<E>(), len);
         for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
             let w = blocks::<B>(row).get_unchecked(start..start + len);
             let mut acc = if start == 0 {
