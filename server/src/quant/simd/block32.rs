@@ -158,7 +158,12 @@ pub unsafe fn repacked_4rows<I: Isa, B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
         let aq = load256(ab.qs.as_ptr().cast());
-        let sums = hsum_i32_x4(b.map(|b| signed_quads::<I>(b.quants(), aq)));
+        let sums = hsum_i32_x4(if I::VNNI {
+            let base = vnni_base::<I, B>(aq);
+            b.map(|b| dpbusd::<I>(base, vnni_unsigned(b), aq))
+        } else {
+            b.map(|b| signed_quads::<I>(b.quants(), aq))
+        });
         let d = scales_4rows(b, f16_to_f32(ab.d));
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), d, acc);
     }
