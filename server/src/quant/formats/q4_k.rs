@@ -64,7 +64,9 @@ avx2! {
         broadcast_i16_mask, check_table_rows, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
         k4_scaled_sum_of, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
     };
-    use crate::quant::simd::{fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256};
+    use crate::quant::simd::{
+        dpwssd, fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256,
+    };
     use crate::quant::DotOrder;
 
     impl K4Block for BlockQ4K {
@@ -108,7 +110,7 @@ avx2! {
             if order == DotOrder::Repacked && fits_gemm_rows(row_bytes) {
                 // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then);
                 // `gemm_rows` checks the lengths it relies on.
-                unsafe { gemm_rows(rows, row_bytes, a, outs) }
+                unsafe { gemm_rows::<I, 4>(rows, row_bytes, a, outs) }
             } else {
                 dot_x4_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs);
             }
@@ -127,7 +129,7 @@ avx2! {
             match order {
                 // SAFETY: as in `dot_x4_rows`.
                 DotOrder::Repacked if fits_gemm_rows(row_bytes) => unsafe {
-                    gemm_rows(rows, row_bytes, a, outs)
+                    gemm_rows::<I, 8>(rows, row_bytes, a, outs)
                 },
                 _ => dot_x8_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs),
             }
@@ -147,7 +149,7 @@ avx2! {
                 // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); chunk
                 // c reads qs[32c..32c+32] of a 128-byte array (c < 4); every activation row
                 // holds as many blocks as `w` (checked by the caller).
-                DotOrder::Repacked => unsafe { gemm(w, a) },
+                DotOrder::Repacked => unsafe { gemm::<I>(w, a) },
                 _ => <Self as Kernels<I>>::dot_n(w, a, order),
             }
         }
@@ -157,7 +159,7 @@ avx2! {
         fn dot_4rows(w: [&[BlockQ4K]; 4], a: &[BlockQ8K], order: DotOrder) -> [f32; 4] {
             match order {
                 // SAFETY: as in `dot_x4`; the kernel checks the rows' lengths.
-                DotOrder::Repacked => unsafe { gemv_4rows(w, a) },
+                DotOrder::Repacked => unsafe { gemv_4rows::<I>(w, a) },
                 _ => w.map(|w| <Self as Kernels<I>>::dot(w, a, order)),
             }
         }
@@ -167,8 +169,8 @@ avx2! {
             // SAFETY: as in `dot_x4`.
             unsafe {
                 match order {
-                    DotOrder::Repacked => gemv_n(w, a),
-                    _ => k4_dot_n::<_, LaneMins, N>(w, a, order),
+                    DotOrder::Repacked => gemv_n::<I, N>(w, a),
+                    _ => k4_dot_n::<I, _, LaneMins, N>(w, a, order),
                 }
             }
         }
@@ -179,7 +181,7 @@ avx2! {
     /// dmin_w·d_a into a second chain, which is subtracted at the end. For `N` activation rows
     /// at once (each its own gemv, the super-block unpacked once).
     #[inline(always)]
-    unsafe fn gemv_n<const N: usize>(w: &[BlockQ4K], a: [&[BlockQ8K]; N]) -> [f32; N] {
+    unsafe fn gemv_n<I: Isa, const N: usize>(w: &[BlockQ4K], a: [&[BlockQ8K]; N]) -> [f32; N] {
         let (mut acc, mut acc_min) = ([0.0; N], [0.0; N]);
         for (i, b) in w.iter().enumerate() {
             let (scales, mins) = k4_scales_mins(b);
@@ -187,7 +189,7 @@ avx2! {
             let (d_w, dmin_w) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
             for t in 0..N {
                 let y = &a[t][i];
-                let sumi = hsum_i32(k4_scaled_sum_of(scales, y, &chunks));
+                let sumi = hsum_i32(k4_scaled_sum_of::<I>(scales, y, &chunks));
                 acc[t] = fma_scaled(sumi, d_w, y.d(), acc[t]);
                 let min_sum = hsum_i32_128(k4_chunk_min_sums(mins, y));
                 acc_min[t] = fma_scaled(min_sum, dmin_w, y.d(), acc_min[t]);
@@ -201,7 +203,7 @@ avx2! {
     /// integer sums are reduced together and each super-block takes two vector FMAs for all
     /// four; the activation's sub-block sums and scale are taken once.
     #[inline(always)]
-    unsafe fn gemv_4rows(w: [&[BlockQ4K]; 4], a: &[BlockQ8K]) -> [f32; 4] {
+    unsafe fn gemv_4rows<I: Isa>(w: [&[BlockQ4K]; 4], a: &[BlockQ8K]) -> [f32; 4] {
         let n = a.len();
         assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
         let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
@@ -213,7 +215,7 @@ avx2! {
             let mut mins = [_mm_setzero_si128(); 4];
             for r in 0..4 {
                 let (scales, m) = k4_scales_mins(b[r]);
-                sums[r] = k4_scaled_sum_of(scales, y, &k4_chunks(b[r]));
+                sums[r] = k4_scaled_sum_of::<I>(scales, y, &k4_chunks(b[r]));
                 mins[r] = _mm_madd_epi16(m, sub_sums);
             }
             let mins = _mm_hadd_epi32(_mm_hadd_epi32(mins[0], mins[1]), _mm_hadd_epi32(mins[2], mins[3]));
@@ -232,7 +234,7 @@ avx2! {
     /// the gemv) applies the FMAs per 64-value chunk: four per super-block into each chain. Lane
     /// k of the accumulators is activation row k's chain.
     #[inline(always)]
-    unsafe fn gemm(w: &[BlockQ4K], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    unsafe fn gemm<I: Isa>(w: &[BlockQ4K], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
         let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
         for (i, b) in w.iter().enumerate() {
             let (scales, mins) = k4_scales_mins(b);
@@ -241,7 +243,7 @@ avx2! {
             let min_sums = transpose_i32_4x4(y.map(|y| k4_chunk_min_sums(mins, y)));
             for (c, min_sum) in min_sums.into_iter().enumerate() {
                 let quants = b.chunk(c);
-                let sumi = hsum_i32_x4(y.map(|y| k4_chunk_sum(scales, y, c, quants)));
+                let sumi = hsum_i32_x4(y.map(|y| k4_chunk_sum::<I>(scales, y, c, quants)));
                 acc = fma_scaled_x4(sumi, f16_to_f32(b.d), d_a, acc);
                 acc_min = fma_scaled_x4(min_sum, f16_to_f32(b.dmin), d_a, acc_min);
             }
@@ -291,7 +293,7 @@ avx2! {
     /// activations' scales and sub-block sums are gathered once for all the weight rows
     /// ([`ActSuperBlock`]). Rows must be at most [`GEMM_ROWS_MAX_BLOCKS`] wide.
     #[inline(always)]
-    unsafe fn gemm_rows<const N: usize>(
+    unsafe fn gemm_rows<I: Isa, const N: usize>(
         rows: &[u8],
         row_bytes: usize,
         a: [&[BlockQ8K]; N],
@@ -309,7 +311,7 @@ avx2! {
         // SAFETY: entries 0..n were written just above; MaybeUninit<T> has T's layout.
         let acts = std::slice::from_raw_parts(table.as_ptr().cast::<ActSuperBlock>(), n);
         for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
-            let out = lanes8(gemm_row(blocks(row), a, acts));
+            let out = lanes8(gemm_row::<I, N>(blocks(row), a, acts));
             for (o, v) in outs.iter_mut().zip(out) {
                 // SAFETY: every output holds a value per weight row (check_table_rows).
                 *o.get_unchecked_mut(r) = v;
@@ -320,7 +322,7 @@ avx2! {
     /// One weight row of [`gemm_rows`]: lane k is activation row k's [`gemm`] (of its group of
     /// four).
     #[inline(always)]
-    unsafe fn gemm_row<const N: usize>(
+    unsafe fn gemm_row<I: Isa, const N: usize>(
         w: &[BlockQ4K],
         a: [&[BlockQ8K]; N],
         acts: &[ActSuperBlock],
@@ -337,10 +339,10 @@ avx2! {
             let y = a.map(|a| a.get_unchecked(i));
             // Written out per chunk (not a loop) so the shuffle masks are constants.
             let mins = (mins, t);
-            gemm_chunk::<0, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
-            gemm_chunk::<1, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
-            gemm_chunk::<2, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
-            gemm_chunk::<3, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
+            gemm_chunk::<I, 0, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
+            gemm_chunk::<I, 1, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
+            gemm_chunk::<I, 2, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
+            gemm_chunk::<I, 3, N>(b, y, scales, mins, (d, dmin), (&mut acc, &mut acc_min));
         }
         _mm256_sub_ps(acc, acc_min)
     }
@@ -350,7 +352,7 @@ avx2! {
     /// (`mins` with the activations' [`ActSuperBlock`]) of all `N` rows, one FMA into each chain
     /// (`acc`, the scaled sums by `d`; `acc_min`, the min sums by `dmin`).
     #[inline(always)]
-    unsafe fn gemm_chunk<const C: usize, const N: usize>(
+    unsafe fn gemm_chunk<I: Isa, const C: usize, const N: usize>(
         b: &BlockQ4K,
         y: [&BlockQ8K; N],
         scales: __m256i,
@@ -365,8 +367,9 @@ avx2! {
             let a_lo = load256(y.qs.as_ptr().add(64 * C).cast());
             let a_hi = load256(y.qs.as_ptr().add(64 * C + 32).cast());
             let p_lo = _mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, a_lo));
-            let p_hi = _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, a_hi));
-            _mm256_add_epi32(p_lo, p_hi)
+            // VNNI: the high sub-block's madd and the add in one `vpdpwssd` (exact either way:
+            // see k4_chunk_sum); Avx2: `add(p_lo, madd(sc_hi, ..))`, as before.
+            dpwssd::<I>(p_lo, sc_hi, _mm256_maddubs_epi16(hi, a_hi))
         });
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_i32_rows(sums)), d, *acc);
         // The pair (min_2c, min_2c+1) in every i32 lane.

@@ -101,7 +101,7 @@ avx2! {
         fn dot(w: &[BlockQ5K], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); chunk c
             // reads qs[32c..32c+32] of a 128-byte array (c < 4) and the 32 bytes of qh.
-            unsafe { k4_dot::<_, ScalarMins>(w, a, order) }
+            unsafe { k4_dot::<I, _, ScalarMins>(w, a, order) }
         }
 
         #[inline]
@@ -113,7 +113,7 @@ avx2! {
         fn dot_n<const N: usize>(w: &[BlockQ5K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
             // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
             // the caller).
-            unsafe { k4_dot_n::<_, ScalarMins, N>(w, a, order) }
+            unsafe { k4_dot_n::<I, _, ScalarMins, N>(w, a, order) }
         }
     }
 }

@@ -5,9 +5,10 @@
 
 use std::arch::x86_64::*;
 
-use super::{hsum, hsum_i32, hsum_i32_128, load128, load256};
+use super::{dpwssd, hsum, hsum_i32, hsum_i32_128, load128, load256};
 use crate::quant::blocks::{f16_to_f32, scales_mins_k4};
 use crate::quant::formats::q8_k::BlockQ8K;
+use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
 
 /// A Q4_K/Q5_K-layout super-block: f16 `d` and `dmin`, twelve packed 6-bit scales and mins
@@ -67,14 +68,23 @@ pub unsafe fn k4_chunks(b: &impl K4Block) -> [(__m256i, __m256i); 4] {
 /// `Σ_s scale_s · (q·a)_s` over a [`K4Block`] super-block whose quants [`k4_chunks`] unpacked,
 /// `scales` holding the eight scales as i16 in both 128-bit halves.
 #[inline(always)]
-pub unsafe fn k4_scaled_sum_of(
+pub unsafe fn k4_scaled_sum_of<I: Isa>(
     scales: __m256i,
     a: &BlockQ8K,
     chunks: &[(__m256i, __m256i); 4],
 ) -> __m256i {
+    if I::VNNI {
+        // One chain of `vpdpwssd`s (each the scale's madd and the add in one): the same exact
+        // lane sums as below, summed in another (integer, so immaterial) order.
+        let mut sumi = k4_chunk_sum::<I>(scales, a, 0, chunks[0]);
+        for (c, &chunk) in chunks.iter().enumerate().skip(1) {
+            sumi = k4_chunk_acc::<I>(sumi, scales, a, c, chunk);
+        }
+        return sumi;
+    }
     let mut sumi = _mm256_setzero_si256();
     for (c, &chunk) in chunks.iter().enumerate() {
-        sumi = _mm256_add_epi32(sumi, k4_chunk_sum(scales, a, c, chunk));
+        sumi = _mm256_add_epi32(sumi, k4_chunk_sum::<I>(scales, a, c, chunk));
     }
     sumi
 }
@@ -108,20 +118,50 @@ pub unsafe fn k4_sub_sums(a: &BlockQ8K) -> __m128i {
 
 /// `scale_2c·(q·a)_2c + scale_2c+1·(q·a)_2c+1` as eight i32 partial sums: chunk c (64 values)
 /// given as (values 0..32, 32..64), with `scales` as in [`k4_scaled_sum_of`].
+///
+/// The quants are < 32 (unsigned) and the activations in -128..=127, so each `maddubs` pair
+/// stays within ±7936 (no saturation) and `vpdpwssd` sums exactly what `madd`+`add` do.
 #[inline(always)]
-pub unsafe fn k4_chunk_sum(
+pub unsafe fn k4_chunk_sum<I: Isa>(
     scales: __m256i,
     a: &BlockQ8K,
     c: usize,
     (lo, hi): (__m256i, __m256i),
 ) -> __m256i {
+    let (sc_lo, sc_hi, m_lo, m_hi) = k4_chunk_products(scales, a, c, (lo, hi));
+    // Avx2: `add(madd(sc_lo, m_lo), madd(sc_hi, m_hi))`, as before VNNI.
+    dpwssd::<I>(_mm256_madd_epi16(sc_lo, m_lo), sc_hi, m_hi)
+}
+
+/// `acc` + [`k4_chunk_sum`], as two `vpdpwssd`s where the ISA has them (the VNNI chains only:
+/// the Avx2 kernels keep their own association of the adds).
+#[inline(always)]
+pub unsafe fn k4_chunk_acc<I: Isa>(
+    acc: __m256i,
+    scales: __m256i,
+    a: &BlockQ8K,
+    c: usize,
+    chunk: (__m256i, __m256i),
+) -> __m256i {
+    let (sc_lo, sc_hi, m_lo, m_hi) = k4_chunk_products(scales, a, c, chunk);
+    dpwssd::<I>(dpwssd::<I>(acc, sc_lo, m_lo), sc_hi, m_hi)
+}
+
+/// Chunk c's two sub-block scales (broadcast as i16) and its quant·activation pair sums (i16).
+#[inline(always)]
+unsafe fn k4_chunk_products(
+    scales: __m256i,
+    a: &BlockQ8K,
+    c: usize,
+    (lo, hi): (__m256i, __m256i),
+) -> (__m256i, __m256i, __m256i, __m256i) {
     let a_lo = load256(a.qs.as_ptr().add(64 * c).cast());
     let a_hi = load256(a.qs.as_ptr().add(64 * c + 32).cast());
     let sc_lo = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16));
     let sc_hi = _mm256_shuffle_epi8(scales, broadcast_i16_mask(2 * c as i16 + 1));
-    let p_lo = _mm256_madd_epi16(sc_lo, _mm256_maddubs_epi16(lo, a_lo));
-    let p_hi = _mm256_madd_epi16(sc_hi, _mm256_maddubs_epi16(hi, a_hi));
-    _mm256_add_epi32(p_lo, p_hi)
+    let m_lo = _mm256_maddubs_epi16(lo, a_lo);
+    let m_hi = _mm256_maddubs_epi16(hi, a_hi);
+    (sc_lo, sc_hi, m_lo, m_hi)
 }
 
 /// How a Q4_K/Q5_K super-block's min term, `-dmin·d_a·Σ min_s·(bsum_2s + bsum_2s+1)`, is summed.
@@ -179,22 +219,26 @@ impl MinTerm for ScalarMins {
 /// Q4_K/Q5_K in either of llama.cpp's non-repacked orders, the min term summed as `M` in the
 /// vec_dot order.
 #[inline(always)]
-pub unsafe fn k4_dot<B: K4Block, M: MinTerm>(w: &[B], a: &[BlockQ8K], order: DotOrder) -> f32 {
-    let [out] = k4_dot_n::<B, M, 1>(w, [a], order);
+pub unsafe fn k4_dot<I: Isa, B: K4Block, M: MinTerm>(
+    w: &[B],
+    a: &[BlockQ8K],
+    order: DotOrder,
+) -> f32 {
+    let [out] = k4_dot_n::<I, B, M, 1>(w, [a], order);
     out
 }
 
 /// [`k4_dot`] against `N` activation rows, each super-block's scales, mins and quants unpacked
 /// once; every output sees the single-row operations.
 #[inline(always)]
-pub unsafe fn k4_dot_n<B: K4Block, M: MinTerm, const N: usize>(
+pub unsafe fn k4_dot_n<I: Isa, B: K4Block, M: MinTerm, const N: usize>(
     w: &[B],
     a: [&[BlockQ8K]; N],
     order: DotOrder,
 ) -> [f32; N] {
     match order {
-        DotOrder::Tiled => k4_tiled_n(w, a),
-        _ => k4_vec_dot_n::<B, M, N>(w, a),
+        DotOrder::Tiled => k4_tiled_n::<I, B, N>(w, a),
+        _ => k4_vec_dot_n::<I, B, M, N>(w, a),
     }
 }
 
@@ -202,7 +246,7 @@ pub unsafe fn k4_dot_n<B: K4Block, M: MinTerm, const N: usize>(
 /// into eight lanes) and the min part goes to `M`; the result is `hsum(scale lanes) + min total`.
 /// One chain of each per activation row.
 #[inline(always)]
-unsafe fn k4_vec_dot_n<B: K4Block, M: MinTerm, const N: usize>(
+unsafe fn k4_vec_dot_n<I: Isa, B: K4Block, M: MinTerm, const N: usize>(
     w: &[B],
     a: [&[BlockQ8K]; N],
 ) -> [f32; N] {
@@ -214,7 +258,7 @@ unsafe fn k4_vec_dot_n<B: K4Block, M: MinTerm, const N: usize>(
         let (d_w, dmin_w) = (f16_to_f32(b.d()), f16_to_f32(b.dmin()));
         for t in 0..N {
             let y = &a[t][i];
-            let sumi = k4_scaled_sum_of(scales, y, &chunks);
+            let sumi = k4_scaled_sum_of::<I>(scales, y, &chunks);
             min_term[t].add(-y.d() * dmin_w, k4_chunk_min_sums(mins, y));
             let d = _mm256_set1_ps(y.d() * d_w);
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
@@ -228,7 +272,7 @@ unsafe fn k4_vec_dot_n<B: K4Block, M: MinTerm, const N: usize>(
 /// fused. Its scales, mins and quants are unpacked once for all `N`; each output's chain is the
 /// single row's.
 #[inline(always)]
-unsafe fn k4_tiled_n<B: K4Block, const N: usize>(w: &[B], a: [&[BlockQ8K]; N]) -> [f32; N] {
+unsafe fn k4_tiled_n<I: Isa, B: K4Block, const N: usize>(w: &[B], a: [&[BlockQ8K]; N]) -> [f32; N] {
     let mut acc = [0.0f32; N];
     for (i, b) in w.iter().enumerate() {
         let (scales, mins) = k4_scales_mins(b);
@@ -236,7 +280,7 @@ unsafe fn k4_tiled_n<B: K4Block, const N: usize>(w: &[B], a: [&[BlockQ8K]; N]) -
         let (d_w, dmin_w) = (f16_to_f32(b.d()), f16_to_f32(b.dmin()));
         for (acc, a) in acc.iter_mut().zip(a) {
             let y = &a[i];
-            let scaled = d_w * hsum_i32(k4_scaled_sum_of(scales, y, &chunks)) as f32;
+            let scaled = d_w * hsum_i32(k4_scaled_sum_of::<I>(scales, y, &chunks)) as f32;
             let mins = hsum_i32_128(k4_chunk_min_sums(mins, y)) as f32;
             *acc = (-dmin_w).mul_add(mins, scaled).mul_add(y.d(), *acc);
         }
