@@ -323,6 +323,23 @@ struct Bandwidth {
     streams: usize,
 }
 
+/// `samples` in ascending order.
+fn sorted(samples: &[f64]) -> Vec<f64> {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted
+}
+
+/// The median of samples already [`sorted`] (at least one).
+fn median(sorted: &[f64]) -> f64 {
+    let k = sorted.len();
+    if k % 2 == 1 {
+        sorted[k / 2]
+    } else {
+        (sorted[k / 2 - 1] + sorted[k / 2]) / 2.0
+    }
+}
+
 impl TestResult {
     fn new(
         test: String,
@@ -331,15 +348,9 @@ impl TestResult {
         samples: Vec<f64>,
         bandwidth: Option<Bandwidth>,
     ) -> TestResult {
-        let mut sorted = samples.clone();
-        sorted.sort_by(f64::total_cmp);
-        let k = sorted.len();
-        let median = if k % 2 == 1 {
-            sorted[k / 2]
-        } else {
-            (sorted[k / 2 - 1] + sorted[k / 2]) / 2.0
-        };
-        let (min, max) = (sorted[0], sorted[k - 1]);
+        let sorted = sorted(&samples);
+        let median = median(&sorted);
+        let (min, max) = (sorted[0], sorted[sorted.len() - 1]);
         TestResult {
             test,
             threads,

@@ -328,6 +328,38 @@ proptest! {
     }
 }
 
+/// [`dot_rows_x4`]'s outputs for `acts[..4]` and [`dot_rows_x8`]'s for `acts[..8]` over
+/// `all_rows` (`n_rows` rows of `n` values), NaN where a kernel wrote nothing.
+fn x4_and_x8_outputs(
+    w: GgmlType,
+    order: DotOrder,
+    n: usize,
+    all_rows: &[u8],
+    n_rows: usize,
+    acts: &[Vec<u8>],
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let mut x4 = vec![vec![f32::NAN; n_rows]; 4];
+    let [o0, o1, o2, o3] = &mut x4[..] else {
+        unreachable!()
+    };
+    let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+    dot_rows_x4(w, order, n, all_rows, acts4, [o0, o1, o2, o3]);
+    let mut x8 = vec![vec![f32::NAN; n_rows]; 8];
+    let outs8: [&mut [f32]; 8] = {
+        let mut it = x8.iter_mut().map(|o| &mut o[..]);
+        std::array::from_fn(|_| it.next().unwrap())
+    };
+    dot_rows_x8(
+        w,
+        order,
+        n,
+        all_rows,
+        std::array::from_fn(|k| &acts[k][..]),
+        outs8,
+    );
+    (x4, x8)
+}
+
 /// Checks [`dot_rows_x4`] and [`dot_rows_x8`] over `n_rows` random rows of `n` values against
 /// each row's one-row result (see `dot_rows_x4_and_x8_of_any_row_count_equal_each_rows_dot_bit_for_bit`),
 /// naming the first output that differs.
@@ -343,25 +375,7 @@ fn x4_rows_equal_one_row_dots(
         .map(|_| quantized(w, &random_activations(n, rng)))
         .collect();
     for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked] {
-        let mut x4 = vec![vec![f32::NAN; n_rows]; 4];
-        let [o0, o1, o2, o3] = &mut x4[..] else {
-            unreachable!()
-        };
-        let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
-        dot_rows_x4(w, order, n, &all_rows, acts4, [o0, o1, o2, o3]);
-        let mut x8 = vec![vec![f32::NAN; n_rows]; 8];
-        let outs8: [&mut [f32]; 8] = {
-            let mut it = x8.iter_mut().map(|o| &mut o[..]);
-            std::array::from_fn(|_| it.next().unwrap())
-        };
-        dot_rows_x8(
-            w,
-            order,
-            n,
-            &all_rows,
-            std::array::from_fn(|k| &acts[k][..]),
-            outs8,
-        );
+        let (x4, x8) = x4_and_x8_outputs(w, order, n, &all_rows, n_rows, &acts);
         for (r, row) in rows.iter().enumerate() {
             for (k, act) in acts.iter().enumerate() {
                 let want = if order == DotOrder::Repacked && repacked_types().contains(&w) {
@@ -531,36 +545,12 @@ fn every_output(w: GgmlType, n: usize, rows: &[Vec<u8>], acts: &[Vec<u8>]) -> Ve
         }
         let mut single = vec![0f32; n_rows];
         dot_rows(w, order, n, &all_rows, &acts[0], &mut single);
-        let mut x8 = vec![vec![0f32; n_rows]; 8];
-        {
-            let [o0, o1, o2, o3, ..] = &mut x8[..] else {
-                unreachable!()
-            };
-            let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
-            dot_rows_x4(w, order, n, &all_rows, acts4, [o0, o1, o2, o3]);
-        }
-        let mut x8b = vec![vec![0f32; n_rows]; 8];
-        let outs8: [&mut [f32]; 8] = {
-            let mut it = x8b.iter_mut().map(|o| &mut o[..]);
-            std::array::from_fn(|_| it.next().unwrap())
-        };
-        dot_rows_x8(
-            w,
-            order,
-            n,
-            &all_rows,
-            std::array::from_fn(|k| &acts[k][..]),
-            outs8,
-        );
+        let (x4, x8) = x4_and_x8_outputs(w, order, n, &all_rows, n_rows, acts);
         let mut multi = vec![vec![0f32; n_rows]; 6];
         let mut multi_refs: Vec<&mut [f32]> = multi.iter_mut().map(|o| &mut o[..]).collect();
         let act_refs: Vec<&[u8]> = acts[..6].iter().map(|a| &a[..]).collect();
         dot_rows_multi(w, order, n, &all_rows, &act_refs, &mut multi_refs);
-        for o in std::iter::once(&single)
-            .chain(&x8[..4])
-            .chain(&x8b)
-            .chain(&multi)
-        {
+        for o in std::iter::once(&single).chain(&x4).chain(&x8).chain(&multi) {
             got.extend(o.iter().map(|x| x.to_bits()));
         }
     }

@@ -93,14 +93,8 @@ fn measure(pool: &Pool, source: &'static str, bytes: &[u8], reps: usize) -> Read
         })
         .collect();
     std::hint::black_box(sink.load(Ordering::Relaxed));
-    let mut sorted = samples.clone();
-    sorted.sort_by(f64::total_cmp);
-    let k = sorted.len();
-    let median = if k % 2 == 1 {
-        sorted[k / 2]
-    } else {
-        (sorted[k / 2 - 1] + sorted[k / 2]) / 2.0
-    };
+    let sorted = super::sorted(&samples);
+    let (k, median) = (sorted.len(), super::median(&sorted));
     ReadBandwidth {
         source,
         threads: pool.threads(),

@@ -50,7 +50,7 @@ avx2! {
     use crate::quant::blocks::f16_to_f32;
     use crate::quant::simd::block32::{self, SignedBlock32};
     use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
-    use crate::quant::simd::{iq4nl_grid, nibbles_32};
+    use crate::quant::simd::{dpbusd_mem, iq4nl_grid, nibbles_32};
     use crate::quant::DotOrder;
 
     /// Blocks per tile of [`repacked_rows_x8`]: 48 × 544 bytes of widened activations, 26 KiB.
@@ -92,7 +92,7 @@ avx2! {
             let dot = |b: &BlockIq4Nl, e: &iq4::ActsI8, acc: __m256| {
                 let u = iq4::grid_u8(b.qs.as_ptr());
                 let biased = sum_lanes_x8(std::array::from_fn(|k| {
-                    iq4::dpbusd_mem::<I>(_mm256_setzero_si256(), u, e.q[k].as_ptr())
+                    dpbusd_mem::<I>(_mm256_setzero_si256(), u, e.q[k].as_ptr())
                 }));
                 let sums = _mm256_sub_epi32(biased, _mm256_loadu_si256(e.offset.as_ptr().cast()));
                 let d = _mm256_mul_ps(broadcast_f16(b.d), _mm256_loadu_ps(e.d.as_ptr()));

@@ -441,7 +441,7 @@ pub unsafe fn rows_n<I: Isa, B: SignedBlock32, const REPACKED: bool, const N: us
         let out = if N == 8 && matches!(offset, Some(o) if o <= 8) {
             repacked_offset_row8(w, a, d_a, offsets)
         } else if offset.is_some() {
-            repacked_offset_row::<I, _, N>(w, a, d_a, offsets)
+            repacked_offset_row::<_, N>(w, a, d_a, offsets)
         } else if REPACKED {
             repacked_row::<I, _, N>(w, a, d_a)
         } else if quad_offset.is_some() {
@@ -581,7 +581,7 @@ unsafe fn repacked_row<I: Isa, B: SignedBlock32, const N: usize>(
 /// is `Σ u·a - offset·Σ a` (`offsets` holding the second term), the same integer, so the chains
 /// see the same operations.
 #[inline(always)]
-unsafe fn repacked_offset_row<I: Isa, B: SignedBlock32, const N: usize>(
+unsafe fn repacked_offset_row<B: SignedBlock32, const N: usize>(
     w: &[B],
     a: [&[BlockQ8_0]; N],
     d_a: &[[f32; N]],

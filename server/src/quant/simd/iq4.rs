@@ -20,7 +20,7 @@ use std::mem::MaybeUninit;
 
 use crate::quant::blocks::{blocks, Block, KVALUES_IQ4NL};
 use crate::quant::isa::Isa;
-use crate::quant::simd::{dpbusd, dpwssd, nibbles_32};
+use crate::quant::simd::{dpwssd_mem, nibbles_32};
 
 /// One entry of a tile: one block's worth (`L` values) of each of the eight activation rows as
 /// i16, and their scales (f32), lane k for activation row k.
@@ -57,46 +57,6 @@ const GRID_U8: [u8; 16] = {
 pub unsafe fn grid_u8(qs: *const u8) -> __m256i {
     let grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(GRID_U8.as_ptr().cast()));
     _mm256_shuffle_epi8(grid, nibbles_32(qs))
-}
-
-/// [`dpbusd`] with the signed operand read from memory: under VNNI one `vpdpbusd` with the load
-/// folded (the shared primitive takes registers only, which costs a separate load per row).
-#[inline(always)]
-pub unsafe fn dpbusd_mem<I: Isa>(acc: __m256i, u: __m256i, s: *const i8) -> __m256i {
-    if I::VNNI {
-        let mut acc = acc;
-        // SAFETY: `I::VNNI` is chosen only where the CPU has AVX512-VNNI and AVX512VL; the
-        // caller gives 32 readable bytes at `s`.
-        std::arch::asm!(
-            "vpdpbusd {acc}, {u}, ymmword ptr [{s}]",
-            acc = inout(ymm_reg) acc,
-            u = in(ymm_reg) u,
-            s = in(reg) s,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-        acc
-    } else {
-        dpbusd::<I>(acc, u, _mm256_loadu_si256(s.cast()))
-    }
-}
-
-/// [`dpwssd`] with the second operand (16 i16) read from memory, as [`dpbusd_mem`].
-#[inline(always)]
-pub unsafe fn dpwssd_mem<I: Isa>(acc: __m256i, a: __m256i, b: *const i16) -> __m256i {
-    if I::VNNI {
-        let mut acc = acc;
-        // SAFETY: as in `dpbusd_mem`; the caller gives 32 readable bytes at `b`.
-        std::arch::asm!(
-            "vpdpwssd {acc}, {a}, ymmword ptr [{b}]",
-            acc = inout(ymm_reg) acc,
-            a = in(ymm_reg) a,
-            b = in(reg) b,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-        acc
-    } else {
-        dpwssd::<I>(acc, a, _mm256_loadu_si256(b.cast()))
-    }
 }
 
 /// The 32 grid values of 16 bytes of nibbles in the Q4_0 order, as i16: elements 0..16 (the low

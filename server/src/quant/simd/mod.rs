@@ -117,6 +117,46 @@ pub unsafe fn dpwssd<I: Isa>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     }
 }
 
+/// [`dpbusd`] with the signed operand read from memory: under VNNI one `vpdpbusd` with the load
+/// folded (the shared primitive takes registers only, which costs a separate load per row).
+#[inline(always)]
+pub unsafe fn dpbusd_mem<I: Isa>(acc: __m256i, u: __m256i, s: *const i8) -> __m256i {
+    if I::VNNI {
+        let mut acc = acc;
+        // SAFETY: `I::VNNI` is chosen only where the CPU has AVX512-VNNI and AVX512VL; the
+        // caller gives 32 readable bytes at `s`.
+        std::arch::asm!(
+            "vpdpbusd {acc}, {u}, ymmword ptr [{s}]",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(reg) s,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
+    } else {
+        dpbusd::<I>(acc, u, _mm256_loadu_si256(s.cast()))
+    }
+}
+
+/// [`dpwssd`] with the second operand (16 i16) read from memory, as [`dpbusd_mem`].
+#[inline(always)]
+pub unsafe fn dpwssd_mem<I: Isa>(acc: __m256i, a: __m256i, b: *const i16) -> __m256i {
+    if I::VNNI {
+        let mut acc = acc;
+        // SAFETY: as in `dpbusd_mem`; the caller gives 32 readable bytes at `b`.
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, ymmword ptr [{b}]",
+            acc = inout(ymm_reg) acc,
+            a = in(ymm_reg) a,
+            b = in(reg) b,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
+    } else {
+        dpwssd::<I>(acc, a, _mm256_loadu_si256(b.cast()))
+    }
+}
+
 /// [`dot_i8_quads`] on the instruction set `I`: with VNNI one `vpdpbusd` of the operands
 /// `maddubs` takes there (`|w|` and `a` with `w`'s sign), whose pair sums never saturate
 /// (at most 2·128·127), so the lanes are the same integers.
