@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use governor::clock::{Clock, DefaultClock};
+use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use super::auth::KeyId;
@@ -78,7 +78,9 @@ where
         limiter.retain_recent();
     }
     limiter.check_key(&key).map_err(|not_until| {
-        let wait = not_until.wait_time_from(DefaultClock::default().now());
+        // The limiter's own clock: a new one would be calibrated afresh, and its instants
+        // need not agree with the limiter's under load.
+        let wait = not_until.wait_time_from(limiter.clock().now());
         // Retry-After is in whole seconds: round up, so that a retry then succeeds.
         ApiError::RateLimited {
             by,
