@@ -24,8 +24,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub trait Isa: 'static {
     /// Whether the kernels may use `vpdpbusd`/`vpdpwssd`.
     const VNNI: bool;
-    /// The set, as [`Choice`] names it.
-    const CHOICE: Choice;
 }
 
 /// x86-64-v3: AVX2, FMA, F16C (what the binary requires).
@@ -36,12 +34,10 @@ pub enum Vnni {}
 
 impl Isa for Avx2 {
     const VNNI: bool = false;
-    const CHOICE: Choice = Choice::Avx2;
 }
 
 impl Isa for Vnni {
     const VNNI: bool = true;
-    const CHOICE: Choice = Choice::Vnni;
 }
 
 /// An instruction set by name, as `--kernels` takes it.
