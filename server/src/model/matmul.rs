@@ -9,8 +9,7 @@ use super::weights::Mat;
 use smallvec::SmallVec;
 
 use crate::quant::{
-    dot_rows, dot_rows_multi, dot_rows_x4, dot_rows_x8, quantize_row_for, vec_dot_type, DotOrder,
-    GgmlType,
+    dot_rows_batch, dot_rows_multi, quantize_row_for, vec_dot_type, DotOrder, GgmlType,
 };
 use crate::threads::Pool;
 
@@ -166,29 +165,13 @@ pub fn matmul(
             |rows: &std::ops::Range<usize>| &data[rows.start * w.row_bytes..rows.end * w.row_bytes];
         match grouping {
             Grouping::Llama => {
-                // Groups of 4 from the first row, the rest one by one: llama.cpp's repacked
-                // matmul (`forward_mul_mat`) splits its batch so, and with micro-batches a
-                // multiple of 4 long the groups coincide, which matters where its gemm and gemv
-                // sum differently.
-                let weights = weights_of(&range);
-                let mut t = 0;
-                // Two groups of 4 at once where there are: the same results, each weight block
-                // unpacked once for both.
-                while t + 8 <= n {
-                    let outs = std::array::from_fn(|i| out_of(t + i, &range));
-                    let acts = std::array::from_fn(|i| act(t + i));
-                    dot_rows_x8(w.ty, order, w.cols, weights, acts, outs);
-                    t += 8;
-                }
-                while t + 4 <= n {
-                    let outs = std::array::from_fn(|i| out_of(t + i, &range));
-                    let acts = std::array::from_fn(|i| act(t + i));
-                    dot_rows_x4(w.ty, order, w.cols, weights, acts, outs);
-                    t += 4;
-                }
-                for t in t..n {
-                    dot_rows(w.ty, order, w.cols, weights, act(t), out_of(t, &range));
-                }
+                // llama.cpp's grouping of the micro-batch (dot_rows_batch): its repacked matmul
+                // (`forward_mul_mat`) splits the batch into groups of 4 from the first row, and
+                // where its gemm and gemv sum differently the groups must coincide.
+                let acts: SmallVec<[&[u8]; UBATCH]> = (0..n).map(act).collect();
+                let mut outs: SmallVec<[&mut [f32]; UBATCH]> =
+                    (0..n).map(|t| out_of(t, &range)).collect();
+                dot_rows_batch(w.ty, order, w.cols, weights_of(&range), &acts, &mut outs);
             }
             Grouping::Alone => {
                 // Blocks a multiple of 4 rows from the chunk's start, so that each weight row

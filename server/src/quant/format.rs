@@ -111,6 +111,22 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
     ) {
         dot_x8_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs);
     }
+    /// Consecutive weight rows against any number of activation rows (prefill's micro-batch):
+    /// `outs[t][i]` = row i · `acts[t]`, each output bit-identical to what the groups of eight
+    /// and four ([`Kernels::dot_x8_rows`], [`Kernels::dot_x4_rows`]) and the single rows give
+    /// it. A format with a kernel for all the activation rows at once (in this order, on this
+    /// instruction set) writes every output and returns true; the default writes nothing and
+    /// returns false, and [`dot_rows_batch`](super::dot_rows_batch) takes the groups.
+    #[inline(always)]
+    fn dot_batch_rows(
+        _rows: &[u8],
+        _row_bytes: usize,
+        _acts: &[&[ActBlock<Self>]],
+        _order: DotOrder,
+        _outs: &mut [&mut [f32]],
+    ) -> bool {
+        false
+    }
     /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
     /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
     /// other order each result must be bit-identical to [`Kernels::dot`] (so a format shares

@@ -88,6 +88,8 @@ formats! {
 }
 
 mod random;
+
+use smallvec::SmallVec;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -361,6 +363,63 @@ fn rows_x4_of<W: Kernels<I>, I: Isa>(
         order,
         outs,
     );
+}
+
+/// Prefill's matmul: `outs[t][i]` = row i · `acts[t]` for every activation row of a
+/// micro-batch, as llama.cpp's matmul groups them (eights and fours from the first, the rest
+/// one by one, which matters where its gemm and gemv orders differ): each output is
+/// bit-identical to what [`dot_rows_x8`], [`dot_rows_x4`] and [`dot_rows`] give it. Formats with
+/// a kernel for the whole batch ([`Kernels::dot_batch_rows`]: Q4_0 and IQ4_NL repacked) take
+/// it; the others go through those groups.
+///
+/// Panics as [`dot_rows_multi`] does.
+pub fn dot_rows_batch(
+    w: GgmlType,
+    order: DotOrder,
+    n: usize,
+    rows: &[u8],
+    acts: &[&[u8]],
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(
+        acts.len(),
+        outs.len(),
+        "dot_rows_batch: {} activation rows but {} outputs",
+        acts.len(),
+        outs.len()
+    );
+    let row_bytes = checked_rows(
+        "dot_rows_batch",
+        "dot_rows_batch (activations)",
+        w,
+        n,
+        rows,
+        acts,
+        outs,
+    );
+    let whole = with_isa!(I => with_weight!(w, W => {
+        let acts: SmallVec<[&[ActBlock<W>]; 32]> = acts.iter().map(|a| blocks(a)).collect();
+        <W as Kernels<I>>::dot_batch_rows(rows, row_bytes, &acts, order, outs)
+    }));
+    if whole {
+        return;
+    }
+    let mut t = 0;
+    while t + 8 <= acts.len() {
+        let mut o = outs[t..t + 8].iter_mut();
+        let o = std::array::from_fn(|_| &mut **o.next().expect("eight outputs"));
+        dot_rows_x8(w, order, n, rows, std::array::from_fn(|i| acts[t + i]), o);
+        t += 8;
+    }
+    while t + 4 <= acts.len() {
+        let mut o = outs[t..t + 4].iter_mut();
+        let o = std::array::from_fn(|_| &mut **o.next().expect("four outputs"));
+        dot_rows_x4(w, order, n, rows, std::array::from_fn(|i| acts[t + i]), o);
+        t += 4;
+    }
+    for (a, o) in acts[t..].iter().zip(&mut outs[t..]) {
+        dot_rows(w, order, n, rows, a, o);
+    }
 }
 
 /// [`dot_rows`] for several activation rows at once (a batch of decode streams, or the tokens a

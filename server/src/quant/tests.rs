@@ -609,3 +609,94 @@ fn vnni_kernels_equal_avx2_kernels_on_wide_rows() {
         );
     }
 }
+
+/// What [`dot_rows_batch`] must give: llama.cpp's groups of the batch, eights and fours from the
+/// first activation row through [`dot_rows_x8`] and [`dot_rows_x4`], the rest through
+/// [`dot_rows`].
+fn grouped_outputs(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts: &[Vec<u8>]) -> Vec<Vec<f32>> {
+    let n_rows = rows.len() / w.row_bytes(n).unwrap();
+    let mut outs = vec![vec![f32::NAN; n_rows]; acts.len()];
+    let mut t = 0;
+    while t < acts.len() {
+        let group = if t + 8 <= acts.len() { 8 } else if t + 4 <= acts.len() { 4 } else { 1 };
+        let mut o = outs[t..t + group].iter_mut();
+        match group {
+            8 => dot_rows_x8(w, order, n, rows, std::array::from_fn(|i| &acts[t + i][..]), std::array::from_fn(|_| &mut o.next().unwrap()[..])),
+            4 => dot_rows_x4(w, order, n, rows, std::array::from_fn(|i| &acts[t + i][..]), std::array::from_fn(|_| &mut o.next().unwrap()[..])),
+            _ => dot_rows(w, order, n, rows, &acts[t], o.next().unwrap()),
+        }
+        t += group;
+    }
+    outs
+}
+
+/// [`dot_rows_batch`]'s outputs against [`grouped_outputs`], as bits, or the first difference.
+fn batch_equals_groups(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts: &[Vec<u8>]) -> Result<(), String> {
+    let want = grouped_outputs(w, order, n, rows, acts);
+    let mut got = vec![vec![f32::NAN; want[0].len()]; acts.len()];
+    let mut got_refs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
+    let act_refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+    dot_rows_batch(w, order, n, rows, &act_refs, &mut got_refs);
+    for (t, (g, w_)) in got.iter().zip(&want).enumerate() {
+        if let Some(r) = g.iter().zip(w_).position(|(a, b)| a.to_bits() != b.to_bits()) {
+            return Err(format!("{w} {order:?} n={n}: act {t} of {}, row {r}: {} vs {}", acts.len(), g[r], w_[r]));
+        }
+    }
+    Ok(())
+}
+
+/// The instruction sets this CPU can run.
+fn runnable_isas() -> Vec<isa::Choice> {
+    match isa::detected() {
+        isa::Choice::Vnni => vec![isa::Choice::Avx2, isa::Choice::Vnni],
+        isa::Choice::Avx2 => vec![isa::Choice::Avx2],
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// `dot_rows_batch` (prefill's whole micro-batch at once; Q4_0 and IQ4_NL repacked as a GEMM
+    /// with weight rows in the lanes) is llama.cpp's grouping of the batch bit for bit, for every
+    /// type and order, on each instruction set: 1..=20 weight rows (whole and partial panels of
+    /// eight), 1..=40 activation rows (below the GEMM's minimum, its tiles of four and their
+    /// rest, more than one pass of 32).
+    #[test]
+    fn dot_rows_batch_equals_llama_cpp_grouping_bit_for_bit(
+        seed in any::<u64>(),
+        n_rows in 1usize..=20,
+        blocks in 1usize..=3,
+        n_acts in 1usize..=40,
+    ) {
+        let mut rng = Rng(seed);
+        for w in WEIGHT_TYPES {
+            let n = blocks * w.block_len().max(vec_dot_type(w).block_len());
+            let rows: Vec<u8> = (0..n_rows).flat_map(|_| random_weights(w, n, &mut rng)).collect();
+            let acts: Vec<Vec<u8>> =
+                (0..n_acts).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+            for choice in runnable_isas() {
+                for order in [DotOrder::VecDot, DotOrder::Tiled, DotOrder::Repacked, DotOrder::Free] {
+                    let checked = isa::forced(choice, || batch_equals_groups(w, order, n, &rows, &acts));
+                    prop_assert!(checked.is_ok(), "{} on {}", checked.unwrap_err(), choice);
+                }
+            }
+        }
+    }
+}
+
+/// [`dot_rows_batch_equals_llama_cpp_grouping_bit_for_bit`] at the GEMM's boundaries, for the
+/// types it serves: 70 weight rows (a group of 64 and a partial panel), 130 blocks (three slices
+/// of at most 64), 37 activation rows (a pass of 32, then five).
+#[test]
+fn dot_rows_batch_of_wide_rows_and_many_panels_equals_grouping() {
+    let mut rng = Rng(7);
+    for w in [GgmlType::Q4_0, GgmlType::IQ4_NL] {
+        let n = 130 * 32;
+        let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
+        let acts: Vec<Vec<u8>> = (0..37).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+        for choice in runnable_isas() {
+            let checked = isa::forced(choice, || batch_equals_groups(w, DotOrder::Repacked, n, &rows, &acts));
+            assert!(checked.is_ok(), "{} on {choice}", checked.unwrap_err());
+        }
+    }
+}

@@ -49,6 +49,7 @@ avx2! {
     use crate::quant::isa::Isa;
     use crate::quant::blocks::f16_to_f32;
     use crate::quant::simd::block32::{self, SignedBlock32};
+    use crate::quant::simd::panel;
     use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::{dpbusd_mem, iq4nl_grid, nibbles_32};
     use crate::quant::DotOrder;
@@ -164,6 +165,18 @@ avx2! {
         }
 
         /// vec_dot with ggml's two chains ([`block32::vec_dot_pairs`]), or the repacked chain.
+        /// [`panel::rows`]: the repacked order as a GEMM with weight rows in the lanes.
+        #[inline]
+        fn dot_batch_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&[BlockQ8_0]],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> bool {
+            panel::rows::<Self, I>(rows, row_bytes, acts, order, outs)
+        }
+
         #[inline]
         fn dot(w: &[BlockIq4Nl], a: &[BlockQ8_0], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay

@@ -48,6 +48,7 @@ avx2! {
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
     use crate::quant::simd::block32::{self, SignedBlock32};
+    use crate::quant::simd::panel;
     use crate::quant::simd::nibbles_32;
     use crate::quant::DotOrder;
 
@@ -73,6 +74,18 @@ avx2! {
     impl<I: Isa> Kernels<I> for Q4_0 {
         // [`block32::dot_rows_tiled`]: the activation scales converted once for all the rows.
         block32::tiled_rows!(plain_vec_dot: true);
+
+        /// [`panel::rows`]: the repacked order as a GEMM with weight rows in the lanes.
+        #[inline]
+        fn dot_batch_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&[BlockQ8_0]],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> bool {
+            panel::rows::<Self, I>(rows, row_bytes, acts, order, outs)
+        }
 
         #[inline]
         fn dot(w: &[BlockQ4_0], a: &[BlockQ8_0], order: DotOrder) -> f32 {

@@ -18,6 +18,7 @@ use super::isa::Isa;
 pub mod block32;
 pub mod float;
 pub mod iq4;
+pub mod panel;
 pub mod super_block;
 
 /// Horizontal sum of eight f32 lanes.
@@ -135,6 +136,27 @@ pub unsafe fn dpbusd_mem<I: Isa>(acc: __m256i, u: __m256i, s: *const i8) -> __m2
         acc
     } else {
         dpbusd::<I>(acc, u, _mm256_loadu_si256(s.cast()))
+    }
+}
+
+/// [`dpbusd`] with the signed operand four bytes at `s` repeated in every lane: under VNNI one
+/// `vpdpbusd` with an embedded broadcast (`{1to8}`: the load and the broadcast fold into the
+/// instruction); otherwise a broadcast load and `dpbusd`.
+#[inline(always)]
+pub unsafe fn dpbusd_broadcast<I: Isa>(acc: __m256i, u: __m256i, s: *const i8) -> __m256i {
+    if I::VNNI {
+        let mut acc = acc;
+        // SAFETY: as in `dpbusd_mem`; the caller gives 4 readable bytes at `s`.
+        std::arch::asm!(
+            "vpdpbusd {acc}, {u}, dword ptr [{s}]{{1to8}}",
+            acc = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(reg) s,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
+    } else {
+        dpbusd::<I>(acc, u, _mm256_set1_epi32(s.cast::<i32>().read_unaligned()))
     }
 }
 
