@@ -91,7 +91,7 @@ mod random;
 
 use smallvec::SmallVec;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod types;
 
 pub use random::random_row;

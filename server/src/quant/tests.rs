@@ -15,7 +15,7 @@ use super::*;
 const WEIGHT_TYPES: [GgmlType; GgmlType::SUPPORTED.len()] = GgmlType::SUPPORTED;
 
 /// A small deterministic generator (SplitMix64), so proptest only has to shrink a seed.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next_u64(&mut self) -> u64 {
@@ -36,7 +36,7 @@ impl Rng {
 const WEIGHT_FLOATS: f32 = 0.05;
 
 /// A random weight row of `n` values: random quant bits and finite scales.
-fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+pub(crate) fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     random_row(ty, n, WEIGHT_FLOATS, &mut || rng.next_u64())
 }
 
@@ -49,14 +49,14 @@ fn sum_rounding(w: GgmlType) -> f64 {
 }
 
 /// Random activations with occasional outliers, as real hidden states have.
-fn random_activations(n: usize, rng: &mut Rng) -> Vec<f32> {
+pub(crate) fn random_activations(n: usize, rng: &mut Rng) -> Vec<f32> {
     (0..n)
         .map(|i| rng.unit() * if i % 37 == 0 { 20.0 } else { 1.0 })
         .collect()
 }
 
 /// `x` in the activation format of weights of type `w`.
-fn quantized(w: GgmlType, x: &[f32]) -> Vec<u8> {
+pub(crate) fn quantized(w: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; vec_dot_type(w).row_bytes(x.len()).unwrap()];
     quantize_row_for(w, x, &mut out);
     out
@@ -631,7 +631,7 @@ fn grouped_outputs(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts: &[
 }
 
 /// [`dot_rows_batch`]'s outputs against [`grouped_outputs`], as bits, or the first difference.
-fn batch_equals_groups(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts: &[Vec<u8>]) -> Result<(), String> {
+pub(crate) fn batch_equals_groups(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts: &[Vec<u8>]) -> Result<(), String> {
     let want = grouped_outputs(w, order, n, rows, acts);
     let mut got = vec![vec![f32::NAN; want[0].len()]; acts.len()];
     let mut got_refs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
@@ -646,7 +646,7 @@ fn batch_equals_groups(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts
 }
 
 /// The instruction sets this CPU can run.
-fn runnable_isas() -> Vec<isa::Choice> {
+pub(crate) fn runnable_isas() -> Vec<isa::Choice> {
     match isa::detected() {
         isa::Choice::Vnni => vec![isa::Choice::Avx2, isa::Choice::Vnni],
         isa::Choice::Avx2 => vec![isa::Choice::Avx2],
