@@ -35,15 +35,58 @@ impl Activation for Q8_0 {
     /// not `roundf`), saturated to i8 by the packs. Parity with llama.cpp's logits depends on
     /// this being exact: a value that rounds the other way moves a logit by d_w*d_a.
     fn quantize(x: &[f32], out: &mut [BlockQ8_0]) {
-        for (xs, b) in x.chunks_exact(QK).zip(out) {
-            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            b.d = f16::from_f32(amax / 127.0).to_le_bytes();
-            for (q, &v) in b.qs.iter_mut().zip(xs) {
-                // `as` saturates, as the i32→i16→i8 packs do.
-                *q = (v * id).round_ties_even() as i8;
-            }
+        // SAFETY: the target has AVX2 (this line is compiled only then).
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+        unsafe {
+            quantize_avx2(x, out)
         }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
+        quantize_scalar(x, out)
+    }
+}
+
+/// [`Q8_0::quantize`] value by value: the definition, which the AVX2 form is tested against.
+#[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2"), allow(dead_code))]
+fn quantize_scalar(x: &[f32], out: &mut [BlockQ8_0]) {
+    for (xs, b) in x.chunks_exact(QK).zip(out) {
+        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        b.d = f16::from_f32(amax / 127.0).to_le_bytes();
+        for (q, &v) in b.qs.iter_mut().zip(xs) {
+            // `as` saturates, as the i32→i16→i8 packs do.
+            *q = (v * id).round_ties_even() as i8;
+        }
+    }
+}
+
+/// [`Q8_0::quantize`] eight lanes at a time, as ggml's AVX2 branch: the same amax (a max of
+/// absolute values, exact in any order), the same scalar `d` and `id`, and `x·id` rounded to
+/// nearest even by `vroundps`, exactly `round_ties_even`; |x·id| ≤ 127 needs no saturation.
+/// Prefill quantises every activation row once per matmul on one thread (4.6 % of a 1B
+/// model's prefill in the scalar form).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+unsafe fn quantize_avx2(x: &[f32], out: &mut [BlockQ8_0]) {
+    use std::arch::x86_64::*;
+    for (xs, b) in x.chunks_exact(QK).zip(out) {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xs.as_ptr().add(8 * i)));
+        let abs = v.map(|v| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v));
+        let m = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        b.d = f16::from_f32(amax / 127.0).to_le_bytes();
+        let q = v.map(|v| {
+            let r = _mm256_round_ps(
+                _mm256_mul_ps(v, _mm256_set1_ps(id)),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+            );
+            _mm256_cvtps_epi32(r)
+        });
+        // The packs interleave 128-bit halves; the permutation puts the values back in order.
+        let packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        let ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), ordered);
     }
 }
 
@@ -130,6 +173,28 @@ mod tests {
         let mut b = [BlockQ8_0 { d: [0; 2], qs: [0; 32] }];
         Q8_0::quantize(x, &mut b);
         b[0]
+    }
+
+    /// The AVX2 quantiser gives the scalar definition's blocks, on values whose `x·id` land on
+    /// halves (rounded to even) and on random rows with outliers and zero blocks.
+    #[test]
+    fn avx2_quantizer_equals_the_scalar_definition() {
+        let mut state = 0x9e37_79b9_u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let mut x: Vec<f32> = (0..32 * 64).map(|i| next() * if i % 37 == 0 { 30.0 } else { 1.0 }).collect();
+        x[..32].fill(0.0);
+        // amax 127: id is 1, so these halves must round to even.
+        x[32..40].copy_from_slice(&[127.0, 0.5, 1.5, 2.5, -0.5, -2.5, -3.5, 126.5]);
+        let mut simd = vec![BlockQ8_0 { d: [0; 2], qs: [0; 32] }; 64];
+        let mut scalar = simd.clone();
+        Q8_0::quantize(&x, &mut simd);
+        super::quantize_scalar(&x, &mut scalar);
+        for (i, (a, b)) in simd.iter().zip(&scalar).enumerate() {
+            assert_eq!((a.d, a.qs), (b.d, b.qs), "block {i}");
+        }
     }
 
     #[test]

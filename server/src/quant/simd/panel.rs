@@ -119,6 +119,9 @@ pub unsafe fn gemm<I: Isa, B: SignedBlock32>(
         "gemm: rows, activations and outputs of unequal lengths"
     );
     let row = |i: usize| blocks::<B>(&rows[i * row_bytes..(i + 1) * row_bytes]);
+    // Filled in place (returned by value they would be copied: 34 KiB per slice).
+    let mut table = ActTable::new();
+    let mut packed = Panel::new();
     for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
         let group_rows = GROUP_PANELS * PANEL_ROWS;
         for first in (0..n_rows).step_by(group_rows) {
@@ -127,23 +130,31 @@ pub unsafe fn gemm<I: Isa, B: SignedBlock32>(
             let mut acc = [[_mm256_setzero_ps(); MAX_ACTS]; GROUP_PANELS];
             for b0 in (0..n_blocks).step_by(SLICE_BLOCKS) {
                 let slice = b0..(b0 + SLICE_BLOCKS).min(n_blocks);
-                let table = ActTable::new::<B>(acts, slice.clone());
+                table.fill::<B>(acts, slice.clone());
                 for (p, acc) in acc[..panels].iter_mut().enumerate() {
                     // A partial last panel repeats its last row; those lanes are not written out.
                     let panel: [&[B]; PANEL_ROWS] = std::array::from_fn(|r| {
                         row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
                     });
-                    let packed = Panel::pack(panel, slice.clone());
+                    packed.pack(panel, slice.clone());
                     run_tiles::<I>(&packed, acts, &table, slice.start, acc);
                 }
             }
             for (p, acc) in acc[..panels].iter().enumerate() {
-                let lo = p * PANEL_ROWS;
-                let len = (rows_here - lo).min(PANEL_ROWS);
+                let lo = first + p * PANEL_ROWS;
+                let len = (n_rows - lo).min(PANEL_ROWS);
                 for (o, acc) in outs.iter_mut().zip(acc) {
-                    let mut lanes = [0f32; PANEL_ROWS];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-                    o[first + lo..first + lo + len].copy_from_slice(&lanes[..len]);
+                    let o = &mut o[lo..lo + len];
+                    if len == PANEL_ROWS {
+                        // SAFETY: `o` holds the eight values stored.
+                        _mm256_storeu_ps(o.as_mut_ptr(), *acc);
+                    } else {
+                        let mut lanes = [0f32; PANEL_ROWS];
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+                        for (o, v) in o.iter_mut().zip(lanes) {
+                            *o = v;
+                        }
+                    }
                 }
             }
         }
@@ -159,20 +170,23 @@ struct ActTable {
 }
 
 impl ActTable {
-    #[inline(always)]
-    fn new<B: SignedBlock32>(acts: &[&[BlockQ8_0]], slice: std::ops::Range<usize>) -> ActTable {
-        let mut t = ActTable {
+    fn new() -> ActTable {
+        ActTable {
             d: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
             base: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
-        };
+        }
+    }
+
+    /// The entries of `acts`' blocks `slice`.
+    #[inline(always)]
+    fn fill<B: SignedBlock32>(&mut self, acts: &[&[BlockQ8_0]], slice: std::ops::Range<usize>) {
         for (k, a) in acts.iter().enumerate() {
             for (j, b) in a[slice.clone()].iter().enumerate() {
-                t.d[k][j].write(f16_to_f32(b.d));
+                self.d[k][j].write(f16_to_f32(b.d));
                 let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
-                t.base[k][j].write(-offset::<B>() * sum);
+                self.base[k][j].write(-offset::<B>() * sum);
             }
         }
-        t
     }
 
     /// Activation row `k`'s `(d, base)` of the slice's block `j` (written by `new` for every
@@ -195,21 +209,25 @@ struct Panel {
 }
 
 impl Panel {
-    #[inline(always)]
-    unsafe fn pack<B: SignedBlock32>(rows: [&[B]; PANEL_ROWS], slice: std::ops::Range<usize>) -> Panel {
-        let mut p = Panel {
+    fn new() -> Panel {
+        Panel {
             quads: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
             d: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
-            len: slice.len(),
-        };
+            len: 0,
+        }
+    }
+
+    /// Blocks `slice` of `rows`, interleaved.
+    #[inline(always)]
+    unsafe fn pack<B: SignedBlock32>(&mut self, rows: [&[B]; PANEL_ROWS], slice: std::ops::Range<usize>) {
+        self.len = slice.len();
         for (j, i) in slice.enumerate() {
             let b = rows.map(|r| r.get_unchecked(i));
-            p.quads[j].write(transpose_8x8(b.map(|b| unsigned(b))));
+            self.quads[j].write(transpose_8x8(b.map(|b| unsigned(b))));
             let h = b.map(|b| i16::from_le_bytes(b.d()));
             let h = _mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
-            p.d[j].write(_mm256_cvtph_ps(h));
+            self.d[j].write(_mm256_cvtph_ps(h));
         }
-        p
     }
 }
 
