@@ -147,12 +147,13 @@ pub fn matmul(
     let rows = w.rows;
     // Enough chunks for dynamic balancing, few enough that the shared counter stays cold, and
     // at least 64 KiB of weights each: smaller matrices run on the calling thread, where waking
-    // a worker would cost more than it saves. A multiple of 4 rows, so every row but a matrix's
-    // last few goes through the four-row kernels.
+    // a worker would cost more than it saves. A multiple of 8 rows, so every row but a matrix's
+    // last few goes through the four-row kernels, and prefill's GEMM (quant/simd/panel.rs)
+    // gets whole panels of eight.
     let chunk = (rows / (pool.threads() * 16))
         .clamp(16, 4096)
         .max((64 << 10) / w.row_bytes)
-        .next_multiple_of(4);
+        .next_multiple_of(8);
     let out = &out;
     pool.for_chunks(rows, chunk, &|_, range| {
         let act = |t: usize| &acts[t * act_row..(t + 1) * act_row];
