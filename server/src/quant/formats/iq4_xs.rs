@@ -75,7 +75,7 @@ avx2! {
     use crate::quant::isa::{Avx2, Isa};
     use crate::quant::simd::super_block::{broadcast_i16_mask, scaled_dot, scaled_dot_n, ScaledBlock};
     use crate::quant::simd::iq4::{self, broadcast_f16, grid_i16, sum_lanes_x8, Acts};
-    use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
+    use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32, panel_tiled};
     use crate::quant::DotOrder;
 
     /// Super-blocks per tile of [`tiled_rows_x8`]: 6 × 4128 bytes of widened activations, 24 KiB.
@@ -154,7 +154,7 @@ avx2! {
         /// The eight signed scales ([`BlockIq4Xs::scale`]) as i16 lanes, in both 128-bit halves
         /// (for [`broadcast_i16_mask`]): unpacked together, not one by one in scalar code.
         #[inline(always)]
-        unsafe fn scales16(&self) -> __m256i {
+        pub(crate) unsafe fn scales16(&self) -> __m256i {
             let l = _mm_cvtsi32_si128(i32::from_le_bytes(self.scales_l));
             let m4 = _mm_set1_epi8(0x0F);
             // Bytes 2i and 2i+1: the low and the high nibble of scales_l[i].
@@ -230,6 +230,18 @@ avx2! {
                 DotOrder::Tiled => unsafe { tiled_rows_x8::<I>(rows, row_bytes, a, outs) },
                 _ => dot_n_by_row::<Self, I, 8>(rows, row_bytes, a, order, outs),
             }
+        }
+
+        /// [`panel_tiled::iq4_xs_rows`]: the tiled order as a GEMM with weight rows in the lanes.
+        #[inline]
+        fn dot_batch_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&[BlockQ8K]],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> bool {
+            panel_tiled::iq4_xs_rows::<I>(rows, row_bytes, acts, order, outs)
         }
 
         #[inline]
