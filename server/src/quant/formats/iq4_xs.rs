@@ -150,11 +150,42 @@ avx2! {
         }
     }
 
+    /// What the tiled GEMM with weight rows in the lanes reads ([`panel_tiled`]).
+    impl panel_tiled::TiledBlock for BlockIq4Xs {
+        const SUB_LEN: usize = 32;
+        const OFFSET: i32 = 128;
+        const AVX2: bool = true;
+
+        #[inline(always)]
+        fn d(&self) -> [u8; 2] {
+            self.d
+        }
+
+        /// Sub-block s's grid values from qs[16s..16s+16] (plus 128 for VNNI, [`iq4::grid_u8`]).
+        #[inline(always)]
+        unsafe fn quants<I: Isa>(&self) -> [__m256i; 8] {
+            std::array::from_fn(|s| {
+                let qs = self.qs.as_ptr().add(16 * s);
+                if I::VNNI {
+                    iq4::grid_u8(qs)
+                } else {
+                    _mm256_shuffle_epi8(iq4nl_grid(), nibbles_32(qs))
+                }
+            })
+        }
+
+        #[inline(always)]
+        unsafe fn scales_i32(&self) -> [__m256i; 2] {
+            let s = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(self.scales16()));
+            [s, s]
+        }
+    }
+
     impl BlockIq4Xs {
         /// The eight signed scales ([`BlockIq4Xs::scale`]) as i16 lanes, in both 128-bit halves
         /// (for [`broadcast_i16_mask`]): unpacked together, not one by one in scalar code.
         #[inline(always)]
-        pub(crate) unsafe fn scales16(&self) -> __m256i {
+        unsafe fn scales16(&self) -> __m256i {
             let l = _mm_cvtsi32_si128(i32::from_le_bytes(self.scales_l));
             let m4 = _mm_set1_epi8(0x0F);
             // Bytes 2i and 2i+1: the low and the high nibble of scales_l[i].
@@ -232,7 +263,7 @@ avx2! {
             }
         }
 
-        /// [`panel_tiled::iq4_xs_rows`]: the tiled order as a GEMM with weight rows in the lanes.
+        /// [`panel_tiled::rows`]: the tiled order as a GEMM with weight rows in the lanes.
         #[inline]
         fn dot_batch_rows(
             rows: &[u8],
@@ -241,7 +272,7 @@ avx2! {
             order: DotOrder,
             outs: &mut [&mut [f32]],
         ) -> bool {
-            panel_tiled::iq4_xs_rows::<I>(rows, row_bytes, acts, order, outs)
+            panel_tiled::rows::<I, BlockIq4Xs>(rows, row_bytes, acts, order, outs)
         }
 
         #[inline]
