@@ -301,14 +301,14 @@ unsafe fn tile<I: Isa, B: TiledBlock, const M: usize>(
             acts.get_unchecked(k0 + t).get_unchecked(first_block + j).qs.as_ptr()
         });
         let mut total = [_mm256_setzero_si256(); M];
-        for s in 0..QK_K / B::SUB_LEN {
+        for (s, &scale) in scales[..QK_K / B::SUB_LEN].iter().enumerate() {
             let a_s = a.map(|a| a.add(B::SUB_LEN * s));
             let quads = quads.as_ptr().add(B::SUB_LEN / 4 * s);
             if I::VNNI {
                 let base = std::array::from_fn(|t| table.base(k0 + t, j, s));
-                sub_block_vnni::<I, M>(quads, B::SUB_LEN / 4, scales[s], a_s, base, &mut total);
+                sub_block_vnni::<I, M>(quads, B::SUB_LEN / 4, scale, a_s, base, &mut total);
             } else {
-                sub_block_avx2::<M>(quads, B::SUB_LEN / 4, scales[s], a_s, &mut total);
+                sub_block_avx2::<M>(quads, B::SUB_LEN / 4, scale, a_s, &mut total);
             }
         }
         let d_w = panel.d.get_unchecked(j).assume_init();
