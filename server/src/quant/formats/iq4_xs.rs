@@ -75,7 +75,7 @@ avx2! {
     use crate::quant::isa::{Avx2, Isa};
     use crate::quant::simd::super_block::{broadcast_i16_mask, scaled_dot, scaled_dot_n, ScaledBlock};
     use crate::quant::simd::iq4::{self, broadcast_f16, grid_i16, sum_lanes_x8, Acts};
-    use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32};
+    use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32, panel_tiled};
     use crate::quant::DotOrder;
 
     /// Super-blocks per tile of [`tiled_rows_x8`]: 6 × 4128 bytes of widened activations, 24 KiB.
@@ -147,6 +147,37 @@ avx2! {
         unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
             let [s] = self.sumi_n::<Avx2, 1>([y]);
             s
+        }
+    }
+
+    /// What the tiled GEMM with weight rows in the lanes reads ([`panel_tiled`]).
+    impl panel_tiled::TiledBlock for BlockIq4Xs {
+        const SUB_LEN: usize = 32;
+        const OFFSET: i32 = 128;
+        const AVX2: bool = true;
+
+        #[inline(always)]
+        fn d(&self) -> [u8; 2] {
+            self.d
+        }
+
+        /// Sub-block s's grid values from qs[16s..16s+16] (plus 128 for VNNI, [`iq4::grid_u8`]).
+        #[inline(always)]
+        unsafe fn quants<I: Isa>(&self) -> [__m256i; 8] {
+            std::array::from_fn(|s| {
+                let qs = self.qs.as_ptr().add(16 * s);
+                if I::VNNI {
+                    iq4::grid_u8(qs)
+                } else {
+                    _mm256_shuffle_epi8(iq4nl_grid(), nibbles_32(qs))
+                }
+            })
+        }
+
+        #[inline(always)]
+        unsafe fn scales_i32(&self) -> [__m256i; 2] {
+            let s = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(self.scales16()));
+            [s, s]
         }
     }
 
@@ -230,6 +261,18 @@ avx2! {
                 DotOrder::Tiled => unsafe { tiled_rows_x8::<I>(rows, row_bytes, a, outs) },
                 _ => dot_n_by_row::<Self, I, 8>(rows, row_bytes, a, order, outs),
             }
+        }
+
+        /// [`panel_tiled::rows`]: the tiled order as a GEMM with weight rows in the lanes.
+        #[inline]
+        fn dot_batch_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&[BlockQ8K]],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> bool {
+            panel_tiled::rows::<I, BlockIq4Xs>(rows, row_bytes, acts, order, outs)
         }
 
         #[inline]

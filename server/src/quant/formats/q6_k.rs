@@ -80,7 +80,7 @@ avx2! {
     use crate::quant::simd::super_block::{
         check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, ScaledBlock,
     };
-    use crate::quant::simd::{dpwssd, load128, load256};
+    use crate::quant::simd::{dpwssd, load128, load256, panel_tiled};
     use crate::quant::DotOrder;
 
     /// Shuffle mask giving bytes [2g; 8] ++ [2g+1; 8]: the two scales of 32-value group g.
@@ -100,6 +100,30 @@ avx2! {
         unsafe fn sumi(&self, y: &BlockQ8K) -> __m256i {
             let [s] = self.sumi_n::<Avx2, 1>([y]);
             s
+        }
+    }
+
+    /// What the tiled GEMM with weight rows in the lanes reads ([`panel_tiled`]; VNNI only).
+    impl panel_tiled::TiledBlock for BlockQ6K {
+        const SUB_LEN: usize = 16;
+        const OFFSET: i32 = 32;
+        const AVX2: bool = false;
+
+        #[inline(always)]
+        fn d(&self) -> [u8; 2] {
+            self.d
+        }
+
+        /// The stored quants (value + 32), as [`BlockQ6K::quants`] unpacks them.
+        #[inline(always)]
+        unsafe fn quants<I: Isa>(&self) -> [__m256i; 8] {
+            BlockQ6K::quants(self)
+        }
+
+        #[inline(always)]
+        unsafe fn scales_i32(&self) -> [__m256i; 2] {
+            let s = load128(self.scales.as_ptr().cast());
+            [_mm256_cvtepi8_epi32(s), _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(s, s))]
         }
     }
 
@@ -197,6 +221,19 @@ avx2! {
             } else {
                 dot_n_by_row::<Self, I, 8>(rows, row_bytes, a, order, outs);
             }
+        }
+
+        /// [`panel_tiled::rows`]: the tiled order as a GEMM with weight rows in the lanes (VNNI;
+        /// on AVX2 it declines and the groups take [`tiled_rows`]).
+        #[inline]
+        fn dot_batch_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&[BlockQ8K]],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> bool {
+            panel_tiled::rows::<I, BlockQ6K>(rows, row_bytes, acts, order, outs)
         }
 
         #[inline]

@@ -1,0 +1,397 @@
+//! Prefill's matmul for the mins-free K-quants IQ4_XS and Q6_K in llama.cpp's tiled order as a
+//! GEMM with weight rows in the lanes (the super-block counterpart of [`panel`](super::panel)).
+//!
+//! The tiled row kernels (`tiled_rows_x8` in `formats/iq4_xs.rs`, `tiled_rows` in
+//! `formats/q6_k.rs`) hold 32 values of one weight row per register and need, per super-block
+//! and (weight row, activation row), a horizontal reduction of eight i32 lanes; their
+//! multiply-adds take i16 operands (16 products per instruction). Here eight weight rows share a register instead: lane r holds four consecutive
+//! quants of row r, and one multiply-add of that register by four activation bytes broadcast to
+//! every lane advances all eight rows' sub-block sums at once (32 products per instruction), so
+//! each lane ends the super-block holding its row's integer total, no horizontal step. As in
+//! `panel`, a slice of eight rows ("a panel") is transposed into a small stack buffer per call
+//! and read by every activation row of the call (prefill's micro-batch): the weights stay
+//! zero-copy and the buffer stays in L1.
+//!
+//! Per sub-block s (IQ4_XS: 32 values, scale `ls_s - 32`; Q6_K: 16 values, a signed byte scale)
+//! and lane:
+//! - VNNI: a `vpdpbusd` per quad of the quants made unsigned (IQ4_XS: grid value + 128,
+//!   1..=241; Q6_K: as stored, 0..=63, i.e. + 32) by broadcast activation quads, starting from
+//!   `-offset·Σa_s`, gives `S_s = Σ v·a` exactly (no saturation); one `vpmulld` by the row's
+//!   scale then adds `scale_s·S_s` to the super-block's i32 total.
+//! - AVX2, IQ4_XS only: `maddubs` needs an unsigned operand whose pair sums fit i16, which `v + 128` breaks
+//!   (241·127·2), so the signs move to the activations as in ggml: `maddubs(|v|, a·sgn v)` (the
+//!   grid has no zero, and Q8_K activations are never -128), pairs within ±32258; then `madd` by
+//!   the row's scale in both i16 halves of its lane applies the scale to the pair sums for free.
+//!
+//!   Q6_K on AVX2 keeps its row kernel: there `maddubs` of the stored quants and one `madd`
+//!   by the scale already take 32 values per pair of instructions, as this would.
+//!
+//! Each output is the tiled order's chain exactly: per super-block the integer total
+//! `Σ_s scale_s·(v·a)_s` (the same integer however it is summed), converted once, multiplied by
+//! `d_w`, then one FMA by `d_a` into the output's float accumulator, super-block after
+//! super-block (see [`tiled`](super::super_block::tiled)). So the results are bit-identical to
+//! the row kernels, which the property tests hold this to.
+
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+
+use super::panel::transpose_8x8;
+use super::dpbusd_broadcast;
+use crate::quant::blocks::{blocks, Block, QK_K};
+use crate::quant::formats::q8_k::BlockQ8K;
+use crate::quant::isa::Isa;
+use crate::quant::DotOrder;
+
+/// Weight rows per panel: one per i32 lane of a 256-bit register.
+const PANEL_ROWS: usize = 8;
+/// Super-blocks of a row per pass (2048 values): a panel's slice is at most 20.3 KiB (2 KiB of
+/// quants, up to 512 bytes of scales and 32 of `d` per super-block), so it stays in L1 while
+/// every activation row reads it; the float accumulators carry each chain across slices.
+const SLICE_BLOCKS: usize = 8;
+/// Registers of quads per super-block (256 values, four per lane).
+const QUADS: usize = QK_K / 4;
+/// The most sub-blocks a super-block has (Q6_K's sixteen).
+const MAX_SUBS: usize = 16;
+/// Panels per group of rows, whose accumulators (8 KiB) live on the stack together.
+const GROUP_PANELS: usize = 8;
+/// Activation rows per pass (prefill's micro-batch, `kv_cache::UBATCH`); more go in turns.
+const MAX_ACTS: usize = 32;
+/// Activation rows that share each load of a panel's register (the micro-kernel's tile).
+const TILE_ACTS: usize = 4;
+
+/// Activation rows below which [`rows`] declines: a panel's transpose costs about as much as
+/// several activation rows' work on it, so fewer rows take the row kernels.
+pub const MIN_ACTS: usize = 8;
+
+/// A mins-free K-quant super-block as this GEMM reads it: sub-blocks of `SUB_LEN` values, each
+/// with an integer scale, whose total the tiled order scales by the f16 `d`.
+pub trait TiledBlock: Block {
+    /// Values per sub-block (32 or 16).
+    const SUB_LEN: usize;
+    /// What [`TiledBlock::quants`] adds to each value under VNNI (its quants then unsigned).
+    const OFFSET: i32;
+    /// Whether the AVX2 form serves it (signed quants, |v| ≤ 127, never 0; scales within i16).
+    const AVX2: bool;
+    fn d(&self) -> [u8; 2];
+    /// The 256 values in element order, 32 per register: plus [`TiledBlock::OFFSET`] as
+    /// unsigned bytes for VNNI, signed for AVX2.
+    unsafe fn quants<I: Isa>(&self) -> [__m256i; 8];
+    /// The sub-blocks' scales as i32, lane s of register h holding sub-block 8h + s's.
+    unsafe fn scales_i32(&self) -> [__m256i; 2];
+}
+
+/// Whether [`gemm`] serves blocks `B` on `I`.
+pub const fn serves<I: Isa, B: TiledBlock>() -> bool {
+    I::VNNI || B::AVX2
+}
+
+/// [`Kernels::dot_batch_rows`](crate::quant::format::Kernels::dot_batch_rows) of a mins-free
+/// K-quant: [`gemm`] in the tiled order where [`serves`] says so, with at least [`MIN_ACTS`]
+/// activation rows; otherwise false, nothing written.
+#[inline(always)]
+pub fn rows<I: Isa, B: TiledBlock>(
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[BlockQ8K]],
+    order: DotOrder,
+    outs: &mut [&mut [f32]],
+) -> bool {
+    if order != DotOrder::Tiled || !serves::<I, B>() || acts.len() < MIN_ACTS {
+        return false;
+    }
+    // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
+    unsafe { gemm::<I, B>(rows, row_bytes, acts, outs) };
+    true
+}
+
+/// Weight rows (`row_bytes` each, of blocks `B`) against the activation rows `acts`:
+/// `outs[t][i]` = row i · `acts[t]` in the tiled order. The caller checks [`serves`].
+///
+/// # Safety
+/// The CPU must have what `I` needs (the matmul entry points choose `I` so).
+#[inline(always)]
+pub unsafe fn gemm<I: Isa, B: TiledBlock>(
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[BlockQ8K]],
+    outs: &mut [&mut [f32]],
+) {
+    let n_blocks = row_bytes / size_of::<B>();
+    let n_rows = rows.len() / row_bytes;
+    assert!(
+        row_bytes == n_blocks * size_of::<B>()
+            && rows.len() == n_rows * row_bytes
+            && acts.len() == outs.len()
+            && acts.iter().all(|a| a.len() == n_blocks)
+            && outs.iter().all(|o| o.len() == n_rows),
+        "gemm: rows, activations and outputs of unequal lengths"
+    );
+    let row = |i: usize| blocks::<B>(&rows[i * row_bytes..(i + 1) * row_bytes]);
+    for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
+        let group_rows = GROUP_PANELS * PANEL_ROWS;
+        for first in (0..n_rows).step_by(group_rows) {
+            let rows_here = (n_rows - first).min(group_rows);
+            let panels = rows_here.div_ceil(PANEL_ROWS);
+            let mut acc = [[_mm256_setzero_ps(); MAX_ACTS]; GROUP_PANELS];
+            for b0 in (0..n_blocks).step_by(SLICE_BLOCKS) {
+                let slice = b0..(b0 + SLICE_BLOCKS).min(n_blocks);
+                let table = ActTable::new::<I, B>(acts, slice.clone());
+                for (p, acc) in acc[..panels].iter_mut().enumerate() {
+                    // A partial last panel repeats its last row; those lanes are not written out.
+                    let panel: [&[B]; PANEL_ROWS] = std::array::from_fn(|r| {
+                        row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
+                    });
+                    let packed = Panel::pack::<I, B>(panel, slice.clone());
+                    run_tiles::<I, B>(&packed, acts, &table, slice.start, acc);
+                }
+            }
+            for (p, acc) in acc[..panels].iter().enumerate() {
+                let lo = p * PANEL_ROWS;
+                let len = (rows_here - lo).min(PANEL_ROWS);
+                for (o, acc) in outs.iter_mut().zip(acc) {
+                    let mut lanes = [0f32; PANEL_ROWS];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+                    o[first + lo..first + lo + len].copy_from_slice(&lanes[..len]);
+                }
+            }
+        }
+    }
+}
+
+/// What the micro-kernel takes from each activation super-block of a slice, made once per slice
+/// and group of rows for all its panels: `d_a`, and (VNNI) per sub-block `-offset·Σa`, the
+/// integer the sub-block's unsigned sum starts from (from the block's `bsums`, exact sums of its
+/// quants).
+struct ActTable {
+    d: [[MaybeUninit<f32>; SLICE_BLOCKS]; MAX_ACTS],
+    base: [[MaybeUninit<[i32; MAX_SUBS]>; SLICE_BLOCKS]; MAX_ACTS],
+}
+
+impl ActTable {
+    #[inline(always)]
+    fn new<I: Isa, B: TiledBlock>(acts: &[&[BlockQ8K]], slice: std::ops::Range<usize>) -> ActTable {
+        let mut t = ActTable {
+            d: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
+            base: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
+        };
+        for (k, a) in acts.iter().enumerate() {
+            for (j, b) in a[slice.clone()].iter().enumerate() {
+                t.d[k][j].write(b.d());
+                if I::VNNI {
+                    // Each bsum covers 16 values: one per Q6_K sub-block, two per IQ4_XS one.
+                    let per = B::SUB_LEN / 16;
+                    t.base[k][j].write(std::array::from_fn(|s| {
+                        if s < QK_K / B::SUB_LEN {
+                            -B::OFFSET * (per * s..per * (s + 1)).map(|i| b.bsum(i)).sum::<i32>()
+                        } else {
+                            0
+                        }
+                    }));
+                }
+            }
+        }
+        t
+    }
+
+    /// Activation row `k`'s `d` of the slice's super-block `j` (written by `new` for every row
+    /// and super-block it was given).
+    #[inline(always)]
+    unsafe fn d(&self, k: usize, j: usize) -> f32 {
+        self.d.get_unchecked(k).get_unchecked(j).assume_init()
+    }
+
+    /// Activation row `k`'s `-offset·Σa` of sub-block `s` of the slice's super-block `j` (VNNI).
+    #[inline(always)]
+    unsafe fn base(&self, k: usize, j: usize, s: usize) -> i32 {
+        *self.base.get_unchecked(k).get_unchecked(j).assume_init_ref().get_unchecked(s)
+    }
+}
+
+/// A slice of a panel's eight rows, interleaved: per super-block, 64 registers (register c,
+/// lane r: values 4c..4c+4 of row r, as [`TiledBlock::quants`] gives them), per sub-block s the
+/// eight rows' scales (VNNI: an i32 per lane; AVX2: the scale in both i16 halves of the lane,
+/// for `madd`), and the eight rows' `d`.
+struct Panel {
+    quads: [MaybeUninit<[__m256i; QUADS]>; SLICE_BLOCKS],
+    scales: [MaybeUninit<[__m256i; MAX_SUBS]>; SLICE_BLOCKS],
+    d: [MaybeUninit<__m256>; SLICE_BLOCKS],
+    len: usize,
+}
+
+impl Panel {
+    #[inline(always)]
+    unsafe fn pack<I: Isa, B: TiledBlock>(rows: [&[B]; PANEL_ROWS], slice: std::ops::Range<usize>) -> Panel {
+        let mut p = Panel {
+            quads: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
+            scales: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
+            d: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
+            len: slice.len(),
+        };
+        for (j, i) in slice.enumerate() {
+            let b = rows.map(|r| r.get_unchecked(i));
+            let quads = p.quads[j].as_mut_ptr().cast::<[__m256i; 8]>();
+            let values = b.map(|b| b.quants::<I>());
+            for g in 0..QK_K / 32 {
+                quads.add(g).write(transpose_8x8(values.map(|v| v[g])));
+            }
+            p.scales[j].write(panel_scales::<I, B>(b));
+            let h = b.map(|b| i16::from_le_bytes(b.d()));
+            let h = _mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
+            p.d[j].write(_mm256_cvtph_ps(h));
+        }
+        p
+    }
+}
+
+/// The eight rows' scales, register s holding sub-block s's in lane r (row r): each row's scales
+/// unpacked together ([`TiledBlock::scales_i32`]) and transposed, eight sub-blocks at a time. For
+/// AVX2 each lane holds the scale in both its i16 halves.
+#[inline(always)]
+unsafe fn panel_scales<I: Isa, B: TiledBlock>(b: [&B; PANEL_ROWS]) -> [__m256i; MAX_SUBS] {
+    let by_row = b.map(|b| b.scales_i32());
+    let lo = transpose_8x8(by_row.map(|s| s[0]));
+    let hi = if B::SUB_LEN == 16 { transpose_8x8(by_row.map(|s| s[1])) } else { lo };
+    let mut out: [__m256i; MAX_SUBS] = std::array::from_fn(|s| if s < 8 { lo[s] } else { hi[s - 8] });
+    if !I::VNNI {
+        let low = _mm256_set1_epi32(0xFFFF);
+        out = out.map(|v| _mm256_or_si256(_mm256_and_si256(v, low), _mm256_slli_epi32(v, 16)));
+    }
+    out
+}
+
+/// Every activation row against one packed panel, [`TILE_ACTS`] at a time (the last few in a
+/// smaller tile); `acc[k]` is activation row k's eight chains.
+#[inline(always)]
+unsafe fn run_tiles<I: Isa, B: TiledBlock>(
+    panel: &Panel,
+    acts: &[&[BlockQ8K]],
+    table: &ActTable,
+    first_block: usize,
+    acc: &mut [__m256; MAX_ACTS],
+) {
+    let mut k = 0;
+    while k + TILE_ACTS <= acts.len() {
+        tile::<I, B, TILE_ACTS>(panel, acts, table, first_block, k, acc);
+        k += TILE_ACTS;
+    }
+    match acts.len() - k {
+        3 => tile::<I, B, 3>(panel, acts, table, first_block, k, acc),
+        2 => tile::<I, B, 2>(panel, acts, table, first_block, k, acc),
+        1 => tile::<I, B, 1>(panel, acts, table, first_block, k, acc),
+        _ => {}
+    }
+}
+
+/// The micro-kernel: activation rows `k0..k0 + M` against the panel, each register of the panel
+/// loaded once for the `M` rows; per super-block the tiled order's float step.
+#[inline(always)]
+unsafe fn tile<I: Isa, B: TiledBlock, const M: usize>(
+    panel: &Panel,
+    acts: &[&[BlockQ8K]],
+    table: &ActTable,
+    first_block: usize,
+    k0: usize,
+    acc: &mut [__m256; MAX_ACTS],
+) {
+    let mut sums: [__m256; M] = std::array::from_fn(|t| *acc.get_unchecked(k0 + t));
+    for j in 0..panel.len {
+        let quads = panel.quads.get_unchecked(j).assume_init_ref();
+        let scales = panel.scales.get_unchecked(j).assume_init_ref();
+        let a: [*const i8; M] = std::array::from_fn(|t| {
+            acts.get_unchecked(k0 + t).get_unchecked(first_block + j).qs.as_ptr()
+        });
+        let mut total = [_mm256_setzero_si256(); M];
+        for (s, &scale) in scales[..QK_K / B::SUB_LEN].iter().enumerate() {
+            let a_s = a.map(|a| a.add(B::SUB_LEN * s));
+            let quads = quads.as_ptr().add(B::SUB_LEN / 4 * s);
+            if I::VNNI {
+                let base = std::array::from_fn(|t| table.base(k0 + t, j, s));
+                sub_block_vnni::<I, M>(quads, B::SUB_LEN / 4, scale, a_s, base, &mut total);
+            } else {
+                sub_block_avx2::<M>(quads, B::SUB_LEN / 4, scale, a_s, &mut total);
+            }
+        }
+        let d_w = panel.d.get_unchecked(j).assume_init();
+        for t in 0..M {
+            let x = _mm256_mul_ps(d_w, _mm256_cvtepi32_ps(total[t]));
+            sums[t] = _mm256_fmadd_ps(x, _mm256_set1_ps(table.d(k0 + t, j)), sums[t]);
+        }
+    }
+    for (t, v) in sums.into_iter().enumerate() {
+        *acc.get_unchecked_mut(k0 + t) = v;
+    }
+}
+
+/// `total[t] += scale·S`, S the sub-block's `Σ v·a` per lane: a `vpdpbusd` per register of the
+/// `n` unsigned quads (`v + offset`) by activation row t's quads at `a[t]`, from `base[t]` =
+/// `-offset·Σa`. |S| ≤ 32·127·128 (IQ4_XS) or 16·32·128 (Q6_K), `|scale·S|` below 2^24 and the
+/// total below 2^28: `vpmulld` and the adds are exact.
+#[inline(always)]
+unsafe fn sub_block_vnni<I: Isa, const M: usize>(
+    quads: *const __m256i,
+    n: usize,
+    scale: __m256i,
+    a: [*const i8; M],
+    base: [i32; M],
+    total: &mut [__m256i; M],
+) {
+    let mut s: [__m256i; M] = base.map(|b| _mm256_set1_epi32(b));
+    for c in 0..n {
+        let w = *quads.add(c);
+        for t in 0..M {
+            s[t] = dpbusd_broadcast::<I>(s[t], w, a[t].add(4 * c));
+        }
+    }
+    for t in 0..M {
+        total[t] = _mm256_add_epi32(total[t], _mm256_mullo_epi32(s[t], scale));
+    }
+}
+
+/// `total[t] += scale·Σ v·a` per lane on AVX2: per quad `maddubs(|v|, a·sgn v)` (pairs within
+/// ±2·127·127, no saturation; exact as the grid has no zero and `a` is never -128), then `madd`
+/// by `scale` (in both i16 halves of each lane), which sums the pair and scales it.
+#[inline(always)]
+unsafe fn sub_block_avx2<const M: usize>(
+    quads: *const __m256i,
+    n: usize,
+    scale: __m256i,
+    a: [*const i8; M],
+    total: &mut [__m256i; M],
+) {
+    for c in 0..n {
+        let w = *quads.add(c);
+        let abs = _mm256_abs_epi8(w);
+        for t in 0..M {
+            let a4 = _mm256_set1_epi32(a[t].add(4 * c).cast::<i32>().read_unaligned());
+            let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a4, w));
+            total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(p, scale));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::quant::tests::{
+        batch_equals_groups, quantized, random_activations, random_weights, runnable_isas, Rng,
+    };
+    use crate::quant::{isa, DotOrder, GgmlType};
+
+    /// The GEMM at its boundaries against llama.cpp's grouping, bit for bit: 70 weight rows (a
+    /// group of 64 and a partial panel), 19 super-blocks (two full slices of eight and a partial
+    /// one), 37 activation rows (a pass of 32, then five: a tile of four and one).
+    #[test]
+    fn wide_rows_many_panels_equal_grouping() {
+        let mut rng = Rng(11);
+        for w in [GgmlType::IQ4_XS, GgmlType::Q6_K] {
+            let n = 19 * 256;
+            let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
+            let acts: Vec<Vec<u8>> =
+                (0..37).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+            for choice in runnable_isas() {
+                let checked =
+                    isa::forced(choice, || batch_equals_groups(w, DotOrder::Tiled, n, &rows, &acts));
+                assert!(checked.is_ok(), "{w}: {} on {choice}", checked.unwrap_err());
+            }
+        }
+    }
+}
