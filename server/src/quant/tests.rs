@@ -613,16 +613,42 @@ fn vnni_kernels_equal_avx2_kernels_on_wide_rows() {
 /// What [`dot_rows_batch`] must give: llama.cpp's groups of the batch, eights and fours from the
 /// first activation row through [`dot_rows_x8`] and [`dot_rows_x4`], the rest through
 /// [`dot_rows`].
-fn grouped_outputs(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts: &[Vec<u8>]) -> Vec<Vec<f32>> {
+fn grouped_outputs(
+    w: GgmlType,
+    order: DotOrder,
+    n: usize,
+    rows: &[u8],
+    acts: &[Vec<u8>],
+) -> Vec<Vec<f32>> {
     let n_rows = rows.len() / w.row_bytes(n).unwrap();
     let mut outs = vec![vec![f32::NAN; n_rows]; acts.len()];
     let mut t = 0;
     while t < acts.len() {
-        let group = if t + 8 <= acts.len() { 8 } else if t + 4 <= acts.len() { 4 } else { 1 };
+        let group = if t + 8 <= acts.len() {
+            8
+        } else if t + 4 <= acts.len() {
+            4
+        } else {
+            1
+        };
         let mut o = outs[t..t + group].iter_mut();
         match group {
-            8 => dot_rows_x8(w, order, n, rows, std::array::from_fn(|i| &acts[t + i][..]), std::array::from_fn(|_| &mut o.next().unwrap()[..])),
-            4 => dot_rows_x4(w, order, n, rows, std::array::from_fn(|i| &acts[t + i][..]), std::array::from_fn(|_| &mut o.next().unwrap()[..])),
+            8 => dot_rows_x8(
+                w,
+                order,
+                n,
+                rows,
+                std::array::from_fn(|i| &acts[t + i][..]),
+                std::array::from_fn(|_| &mut o.next().unwrap()[..]),
+            ),
+            4 => dot_rows_x4(
+                w,
+                order,
+                n,
+                rows,
+                std::array::from_fn(|i| &acts[t + i][..]),
+                std::array::from_fn(|_| &mut o.next().unwrap()[..]),
+            ),
             _ => dot_rows(w, order, n, rows, &acts[t], o.next().unwrap()),
         }
         t += group;
@@ -631,15 +657,30 @@ fn grouped_outputs(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts: &[
 }
 
 /// [`dot_rows_batch`]'s outputs against [`grouped_outputs`], as bits, or the first difference.
-pub(crate) fn batch_equals_groups(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], acts: &[Vec<u8>]) -> Result<(), String> {
+pub(crate) fn batch_equals_groups(
+    w: GgmlType,
+    order: DotOrder,
+    n: usize,
+    rows: &[u8],
+    acts: &[Vec<u8>],
+) -> Result<(), String> {
     let want = grouped_outputs(w, order, n, rows, acts);
     let mut got = vec![vec![f32::NAN; want[0].len()]; acts.len()];
     let mut got_refs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
     let act_refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
     dot_rows_batch(w, order, n, rows, &act_refs, &mut got_refs);
     for (t, (g, w_)) in got.iter().zip(&want).enumerate() {
-        if let Some(r) = g.iter().zip(w_).position(|(a, b)| a.to_bits() != b.to_bits()) {
-            return Err(format!("{w} {order:?} n={n}: act {t} of {}, row {r}: {} vs {}", acts.len(), g[r], w_[r]));
+        if let Some(r) = g
+            .iter()
+            .zip(w_)
+            .position(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            return Err(format!(
+                "{w} {order:?} n={n}: act {t} of {}, row {r}: {} vs {}",
+                acts.len(),
+                g[r],
+                w_[r]
+            ));
         }
     }
     Ok(())
@@ -692,10 +733,16 @@ fn dot_rows_batch_of_wide_rows_and_many_panels_equals_grouping() {
     let mut rng = Rng(7);
     for w in [GgmlType::Q4_0, GgmlType::IQ4_NL] {
         let n = 130 * 32;
-        let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
-        let acts: Vec<Vec<u8>> = (0..37).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+        let rows: Vec<u8> = (0..70)
+            .flat_map(|_| random_weights(w, n, &mut rng))
+            .collect();
+        let acts: Vec<Vec<u8>> = (0..37)
+            .map(|_| quantized(w, &random_activations(n, &mut rng)))
+            .collect();
         for choice in runnable_isas() {
-            let checked = isa::forced(choice, || batch_equals_groups(w, DotOrder::Repacked, n, &rows, &acts));
+            let checked = isa::forced(choice, || {
+                batch_equals_groups(w, DotOrder::Repacked, n, &rows, &acts)
+            });
             assert!(checked.is_ok(), "{} on {choice}", checked.unwrap_err());
         }
     }
