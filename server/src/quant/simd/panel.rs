@@ -215,7 +215,7 @@ impl Panel {
 
 /// Rows become columns: i32 lane c of output r is lane r of input c, and back.
 #[inline(always)]
-unsafe fn transpose_8x8(r: [__m256i; 8]) -> [__m256i; 8] {
+pub(super) unsafe fn transpose_8x8(r: [__m256i; 8]) -> [__m256i; 8] {
     let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
     let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
     let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
