@@ -92,6 +92,10 @@ pub unsafe fn gemm<I: Isa>(
         "gemm: rows, activations and outputs of unequal lengths"
     );
     let row = |i: usize| blocks::<BlockQ4K>(&rows[i * row_bytes..(i + 1) * row_bytes]);
+    // Filled in place per slice: returned by value they would be copied (the panel's 20 KiB per
+    // panel and slice).
+    let mut packed = Panel::new();
+    let mut table = ActTable::new();
     // MAX_ACTS is a multiple of four, so every pass but the last holds whole groups of four and
     // the gemv rows (the batch's last len % 4) all fall in the last pass, at its end.
     for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
@@ -103,13 +107,13 @@ pub unsafe fn gemm<I: Isa>(
             let [acc, acc_min] = &mut acc;
             for b0 in (0..n_blocks).step_by(SLICE_BLOCKS) {
                 let slice = b0..(b0 + SLICE_BLOCKS).min(n_blocks);
-                let table = ActTable::new(acts, slice.clone());
+                table.fill(acts, slice.clone());
                 for p in 0..panels {
                     // A partial last panel repeats its last row; those lanes are not written out.
                     let panel: [&[BlockQ4K]; PANEL_ROWS] = std::array::from_fn(|r| {
                         row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
                     });
-                    let packed = Panel::pack::<I>(panel, slice.clone());
+                    packed.pack::<I>(panel, slice.clone());
                     let chains = (&mut acc[p], &mut acc_min[p]);
                     run_tiles::<I>(&packed, acts, &table, slice.start, chains);
                 }
@@ -138,23 +142,27 @@ struct ActTable {
 
 impl ActTable {
     #[inline(always)]
-    unsafe fn new(acts: &[&[BlockQ8K]], slice: Range<usize>) -> ActTable {
-        let mut t = ActTable {
+    fn new() -> ActTable {
+        ActTable {
             d: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
             sub_sums: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
-        };
-        for (k, a) in acts.iter().enumerate() {
-            for (j, b) in a[slice.clone()].iter().enumerate() {
-                t.d[k][j].write(b.d());
-                let mut pairs = [0i32; 4];
-                _mm_storeu_si128(pairs.as_mut_ptr().cast(), k4_sub_sums(b));
-                t.sub_sums[k][j].write(pairs);
-            }
         }
-        t
     }
 
-    /// Activation row `k`'s `d_a` of the slice's super-block `j` (written by `new` for every row
+    /// The entries of activation rows `acts` and super-blocks `slice` (at most
+    /// [`SLICE_BLOCKS`]).
+    #[inline(always)]
+    unsafe fn fill(&mut self, acts: &[&[BlockQ8K]], slice: Range<usize>) {
+        for (k, a) in acts.iter().enumerate() {
+            for (j, b) in a[slice.clone()].iter().enumerate() {
+                self.d[k][j].write(b.d());
+                let pairs = self.sub_sums[k][j].as_mut_ptr();
+                _mm_storeu_si128(pairs.cast(), k4_sub_sums(b));
+            }
+        }
+    }
+
+    /// Activation row `k`'s `d_a` of the slice's super-block `j` (written by `fill` for every row
     /// and super-block it was given).
     #[inline(always)]
     unsafe fn d(&self, k: usize, j: usize) -> f32 {
@@ -191,15 +199,20 @@ struct Panel {
 
 impl Panel {
     #[inline(always)]
-    unsafe fn pack<I: Isa>(rows: [&[BlockQ4K]; PANEL_ROWS], slice: Range<usize>) -> Panel {
-        let mut p = Panel {
+    fn new() -> Panel {
+        Panel {
             blocks: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
-            len: slice.len(),
-        };
-        for (j, i) in slice.enumerate() {
-            p.blocks[j].write(pack_block::<I>(rows.map(|r| r.get_unchecked(i))));
+            len: 0,
         }
-        p
+    }
+
+    /// Packs super-blocks `slice` (at most [`SLICE_BLOCKS`]) of the eight `rows`.
+    #[inline(always)]
+    unsafe fn pack<I: Isa>(&mut self, rows: [&[BlockQ4K]; PANEL_ROWS], slice: Range<usize>) {
+        self.len = slice.len();
+        for (j, i) in slice.enumerate() {
+            pack_block::<I>(rows.map(|r| r.get_unchecked(i)), &mut self.blocks[j]);
+        }
     }
 
     /// The slice's super-block `j` (written by `pack` for j < len).
@@ -209,17 +222,22 @@ impl Panel {
     }
 }
 
-/// [`PanelBlock`] of eight rows' super-blocks `b`.
+/// Writes [`PanelBlock`] of eight rows' super-blocks `b` into `out`, field by field (built
+/// whole and moved, its 2 KiB of quants would be copied).
 #[inline(always)]
-unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS]) -> PanelBlock {
+unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS], out: &mut MaybeUninit<PanelBlock>) {
+    let out = out.as_mut_ptr();
+    // SAFETY: `out` points at a PanelBlock's storage; each field is written through its own
+    // raw pointer, never read or referenced before it is whole.
+    let quads = std::ptr::addr_of_mut!((*out).quads).cast::<__m256i>();
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut quads = [[_mm256_setzero_si256(); 8]; 8];
     for c in 0..4 {
         // Byte l of qs[32c..32c+32] holds value l of sub-block 2c (low nibble) and of 2c+1.
         let t = transpose_8x8(b.map(|b| load256(b.qs.as_ptr().add(32 * c))));
+        let (lo, hi) = (quads.add(8 * 2 * c), quads.add(8 * (2 * c + 1)));
         for (g, q) in t.into_iter().enumerate() {
-            quads[2 * c][g] = _mm256_and_si256(q, m4);
-            quads[2 * c + 1][g] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            lo.add(g).write(_mm256_and_si256(q, m4));
+            hi.add(g).write(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
         }
     }
     // Per row, the eight scales then the eight mins as i16: i32 lane k < 4 is the scale pair of
@@ -232,13 +250,10 @@ unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS]) -> PanelBlock {
         let h = b.map(|b| i16::from_le_bytes(f(b)));
         _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
     };
-    PanelBlock {
-        quads,
-        scales,
-        mins: [pairs[4], pairs[5], pairs[6], pairs[7]],
-        d: f16x8(|b| b.d),
-        dmin: f16x8(|b| b.dmin),
-    }
+    std::ptr::addr_of_mut!((*out).scales).write(scales);
+    std::ptr::addr_of_mut!((*out).mins).write([pairs[4], pairs[5], pairs[6], pairs[7]]);
+    std::ptr::addr_of_mut!((*out).d).write(f16x8(|b| b.d));
+    std::ptr::addr_of_mut!((*out).dmin).write(f16x8(|b| b.dmin));
 }
 
 /// i16 `h` (0 or 1) of each i32 lane of `pair` in the form [`PanelBlock::scales`] keeps.
