@@ -374,7 +374,7 @@ fn rows_x4_of<W: Kernels<I>, I: Isa>(
 /// micro-batch, as llama.cpp's matmul groups them (eights and fours from the first, the rest
 /// one by one, which matters where its gemm and gemv orders differ): each output is
 /// bit-identical to what [`dot_rows_x8`], [`dot_rows_x4`] and [`dot_rows`] give it. Formats with
-/// a kernel for the whole batch ([`Kernels::dot_batch_rows`]: Q4_0 and IQ4_NL repacked) take
+/// a kernel for the whole batch ([`Kernels::dot_batch_rows`]: Q4_0, IQ4_NL and Q4_K repacked) take
 /// it; the others go through those groups.
 ///
 /// Panics as [`dot_rows_multi`] does.

@@ -64,6 +64,7 @@ avx2! {
         broadcast_i16_mask, check_table_rows, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
         k4_scaled_sum_of, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
     };
+    use crate::quant::simd::panel_k4;
     use crate::quant::simd::{
         dpwssd, fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256,
     };
@@ -98,6 +99,18 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Q4K {
+        /// [`panel_k4::rows`]: the repacked order as a GEMM with weight rows in the lanes.
+        #[inline]
+        fn dot_batch_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&[BlockQ8K]],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> bool {
+            panel_k4::rows::<I>(rows, row_bytes, acts, order, outs)
+        }
+
         /// Repacked, [`gemm_rows`]; otherwise one [`Kernels::dot_x4`] per row.
         #[inline]
         fn dot_x4_rows(

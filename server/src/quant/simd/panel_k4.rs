@@ -1,0 +1,469 @@
+//! Prefill's matmul for Q4_K in the repacked order as a GEMM with weight rows in the lanes, the
+//! super-block counterpart of [`panel`](super::panel).
+//!
+//! The repacked row kernels of Q4_K (`gemm_rows`) put one weight row's 64-value chunk in a
+//! register per activation row and reduce every (weight row, activation row, chunk) product
+//! horizontally. Here eight weight rows share a register: lane r holds four consecutive quants
+//! of one sub-block of row r, and one multiply-add by four activation bytes broadcast to every
+//! lane (`vpdpbusd` with an embedded broadcast under VNNI, `vpbroadcastd` and `maddubs` on AVX2)
+//! advances all eight rows' sub-block sums, so after eight of them each lane holds its row's
+//! sub-block total with no horizontal step. As in `panel`, eight rows ("a panel") are
+//! transposed per slice of super-blocks into a buffer on the stack, with their nibbles already
+//! split into bytes and their scales and mins unpacked, and read by every activation row of the
+//! call.
+//!
+//! The outputs follow llama.cpp's grouping of a batch: activation rows in groups of four take
+//! the gemm's chain (per 64-value chunk c, `sumi = sc_2c·S_2c + sc_2c+1·S_2c+1` and
+//! `m_2c·bsum_2c + m_2c+1·bsum_2c+1`, each FMA'd by `d_w·d_a` and `dmin_w·d_a` into its chain);
+//! the last `len % 4` rows take the gemv's (the same integers summed over the super-block, one
+//! FMA per chain and super-block). Every integer is exact however it is summed, so the results
+//! are bit-identical to `gemm_rows` and `gemv_n` in [`q4_k`](crate::quant::formats::q4_k), which
+//! the property tests hold this to.
+
+use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+
+use super::panel::transpose_8x8;
+use super::super_block::k4_sub_sums;
+use super::{dpbusd_broadcast, load128, load256};
+use crate::quant::blocks::{blocks, scales_mins_k4};
+use crate::quant::formats::q4_k::BlockQ4K;
+use crate::quant::formats::q8_k::BlockQ8K;
+use crate::quant::isa::Isa;
+use crate::quant::DotOrder;
+
+/// Weight rows per panel: one per i32 lane of a 256-bit register.
+const PANEL_ROWS: usize = 8;
+/// Super-blocks of a row per pass (2048 values): a panel's slice is 19.5 KiB, so it stays in L1
+/// while every activation row reads it; the float accumulators carry each chain across slices.
+const SLICE_BLOCKS: usize = 8;
+/// Panels per group of rows, whose accumulators (16 KiB, both chains) live on the stack.
+const GROUP_PANELS: usize = 8;
+/// Activation rows per pass (prefill's micro-batch, `kv_cache::UBATCH`); more go in turns.
+const MAX_ACTS: usize = 32;
+/// Activation rows that share each load of a panel's register (the micro-kernel's tile). Four,
+/// which is also llama.cpp's gemm group, so a tile never mixes the gemm and gemv chains.
+const TILE_ACTS: usize = 4;
+
+/// Activation rows below which [`rows`] declines: the transpose of a panel costs about as much
+/// as a few activation rows' work on it, so fewer rows take the row kernels.
+pub const MIN_ACTS: usize = 8;
+
+/// [`Kernels::dot_batch_rows`](crate::quant::format::Kernels::dot_batch_rows) of Q4_K: [`gemm`]
+/// in the repacked order with at least [`MIN_ACTS`] activation rows; otherwise false, nothing
+/// written.
+#[inline(always)]
+pub fn rows<I: Isa>(
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[BlockQ8K]],
+    order: DotOrder,
+    outs: &mut [&mut [f32]],
+) -> bool {
+    if order != DotOrder::Repacked || acts.len() < MIN_ACTS {
+        return false;
+    }
+    // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
+    unsafe { gemm::<I>(rows, row_bytes, acts, outs) };
+    true
+}
+
+/// Weight rows (`row_bytes` each) against the activation rows `acts`: `outs[t][i]` = row i ·
+/// `acts[t]` in the repacked order, each activation row in the chain llama.cpp's grouping gives
+/// it (gemm for the groups of four from the first, gemv for the rest).
+///
+/// # Safety
+/// The CPU must have what `I` needs (the matmul entry points choose `I` so).
+#[inline(always)]
+pub unsafe fn gemm<I: Isa>(
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[BlockQ8K]],
+    outs: &mut [&mut [f32]],
+) {
+    let n_blocks = row_bytes / size_of::<BlockQ4K>();
+    let n_rows = rows.len() / row_bytes;
+    assert!(
+        row_bytes == n_blocks * size_of::<BlockQ4K>()
+            && acts.len() == outs.len()
+            && acts.iter().all(|a| a.len() == n_blocks)
+            && outs.iter().all(|o| o.len() == n_rows),
+        "gemm: rows, activations and outputs of unequal lengths"
+    );
+    let row = |i: usize| blocks::<BlockQ4K>(&rows[i * row_bytes..(i + 1) * row_bytes]);
+    // Filled in place per slice: returned by value they would be copied (the panel's 20 KiB per
+    // panel and slice).
+    let mut packed = Panel::new();
+    let mut table = ActTable::new();
+    // MAX_ACTS is a multiple of four, so every pass but the last holds whole groups of four and
+    // the gemv rows (the batch's last len % 4) all fall in the last pass, at its end.
+    for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
+        let group_rows = GROUP_PANELS * PANEL_ROWS;
+        for first in (0..n_rows).step_by(group_rows) {
+            let rows_here = (n_rows - first).min(group_rows);
+            let panels = rows_here.div_ceil(PANEL_ROWS);
+            let mut acc = [[[_mm256_setzero_ps(); MAX_ACTS]; GROUP_PANELS]; 2];
+            let [acc, acc_min] = &mut acc;
+            for b0 in (0..n_blocks).step_by(SLICE_BLOCKS) {
+                let slice = b0..(b0 + SLICE_BLOCKS).min(n_blocks);
+                table.fill(acts, slice.clone());
+                for p in 0..panels {
+                    // A partial last panel repeats its last row; those lanes are not written out.
+                    let panel: [&[BlockQ4K]; PANEL_ROWS] = std::array::from_fn(|r| {
+                        row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
+                    });
+                    packed.pack::<I>(panel, slice.clone());
+                    let chains = (&mut acc[p], &mut acc_min[p]);
+                    run_tiles::<I>(&packed, acts, &table, slice.start, chains);
+                }
+            }
+            for p in 0..panels {
+                let lo = p * PANEL_ROWS;
+                let len = (rows_here - lo).min(PANEL_ROWS);
+                for (t, o) in outs.iter_mut().enumerate() {
+                    let mut lanes = [0f32; PANEL_ROWS];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_sub_ps(acc[p][t], acc_min[p][t]));
+                    o[first + lo..first + lo + len].copy_from_slice(&lanes[..len]);
+                }
+            }
+        }
+    }
+}
+
+/// What the micro-kernel takes from each activation super-block of a slice, made once per slice
+/// and group of rows for all its panels: `d_a`, and per chunk c the i16 pair
+/// (bsum_2c, bsum_2c+1) of its sub-block sums as one i32, which one `madd` by a lane's pair of
+/// mins turns into that row's min sum.
+struct ActTable {
+    d: [[MaybeUninit<f32>; SLICE_BLOCKS]; MAX_ACTS],
+    sub_sums: [[MaybeUninit<[i32; 4]>; SLICE_BLOCKS]; MAX_ACTS],
+}
+
+impl ActTable {
+    #[inline(always)]
+    fn new() -> ActTable {
+        ActTable {
+            d: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
+            sub_sums: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
+        }
+    }
+
+    /// The entries of activation rows `acts` and super-blocks `slice` (at most
+    /// [`SLICE_BLOCKS`]).
+    #[inline(always)]
+    unsafe fn fill(&mut self, acts: &[&[BlockQ8K]], slice: Range<usize>) {
+        for (k, a) in acts.iter().enumerate() {
+            for (j, b) in a[slice.clone()].iter().enumerate() {
+                self.d[k][j].write(b.d());
+                let pairs = self.sub_sums[k][j].as_mut_ptr();
+                _mm_storeu_si128(pairs.cast(), k4_sub_sums(b));
+            }
+        }
+    }
+
+    /// Activation row `k`'s `d_a` of the slice's super-block `j` (written by `fill` for every row
+    /// and super-block it was given).
+    #[inline(always)]
+    unsafe fn d(&self, k: usize, j: usize) -> f32 {
+        self.d.get_unchecked(k).get_unchecked(j).assume_init()
+    }
+
+    /// Activation row `k`'s sub-block sum pair of chunk `c` of super-block `j`, in every lane.
+    #[inline(always)]
+    unsafe fn sub_sums(&self, k: usize, j: usize, c: usize) -> __m256i {
+        let pairs = self.sub_sums.get_unchecked(k).get_unchecked(j).assume_init_ref();
+        _mm256_set1_epi32(*pairs.get_unchecked(c))
+    }
+}
+
+/// One super-block of a panel's eight rows, interleaved (lane r is row r throughout).
+struct PanelBlock {
+    /// Per sub-block s, eight registers: register g, lane r holds quants 4g..4g+4 of row r's
+    /// sub-block s, one per byte.
+    quads: [[__m256i; 8]; 8],
+    /// Per sub-block s, the rows' scales as the micro-kernel applies them: on AVX2 `sc` in both
+    /// i16 of the lane (one `madd` of the i16 pair sums gives `sc·S`); under VNNI `sc` as f32.
+    scales: [__m256i; 8],
+    /// Per chunk c, the i16 pair (min_2c, min_2c+1) in each lane.
+    mins: [__m256i; 4],
+    d: __m256,
+    dmin: __m256,
+}
+
+/// A slice of a panel's eight rows, one [`PanelBlock`] per super-block.
+struct Panel {
+    blocks: [MaybeUninit<PanelBlock>; SLICE_BLOCKS],
+    len: usize,
+}
+
+impl Panel {
+    #[inline(always)]
+    fn new() -> Panel {
+        Panel {
+            blocks: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
+            len: 0,
+        }
+    }
+
+    /// Packs super-blocks `slice` (at most [`SLICE_BLOCKS`]) of the eight `rows`.
+    #[inline(always)]
+    unsafe fn pack<I: Isa>(&mut self, rows: [&[BlockQ4K]; PANEL_ROWS], slice: Range<usize>) {
+        self.len = slice.len();
+        for (j, i) in slice.enumerate() {
+            pack_block::<I>(rows.map(|r| r.get_unchecked(i)), &mut self.blocks[j]);
+        }
+    }
+
+    /// The slice's super-block `j` (written by `pack` for j < len).
+    #[inline(always)]
+    unsafe fn block(&self, j: usize) -> &PanelBlock {
+        self.blocks.get_unchecked(j).assume_init_ref()
+    }
+}
+
+/// Writes [`PanelBlock`] of eight rows' super-blocks `b` into `out`, field by field (built
+/// whole and moved, its 2 KiB of quants would be copied).
+#[inline(always)]
+unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS], out: &mut MaybeUninit<PanelBlock>) {
+    let out = out.as_mut_ptr();
+    // SAFETY: `out` points at a PanelBlock's storage; each field is written through its own
+    // raw pointer, never read or referenced before it is whole.
+    let quads = std::ptr::addr_of_mut!((*out).quads).cast::<__m256i>();
+    let m4 = _mm256_set1_epi8(0x0F);
+    for c in 0..4 {
+        // Byte l of qs[32c..32c+32] holds value l of sub-block 2c (low nibble) and of 2c+1.
+        let t = transpose_8x8(b.map(|b| load256(b.qs.as_ptr().add(32 * c))));
+        let (lo, hi) = (quads.add(8 * 2 * c), quads.add(8 * (2 * c + 1)));
+        for (g, q) in t.into_iter().enumerate() {
+            lo.add(g).write(_mm256_and_si256(q, m4));
+            hi.add(g).write(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+        }
+    }
+    // Per row, the eight scales then the eight mins as i16: i32 lane k < 4 is the scale pair of
+    // chunk k, lane 4 + k its min pair; transposed, register k holds every row's pair k.
+    let pairs = transpose_8x8(b.map(|b| {
+        _mm256_cvtepu8_epi16(load128(scales_mins_k4(&b.scales).as_ptr()))
+    }));
+    let scales = std::array::from_fn(|s| scale_lanes::<I>(pairs[s / 2], s % 2));
+    let f16x8 = |f: fn(&BlockQ4K) -> [u8; 2]| {
+        let h = b.map(|b| i16::from_le_bytes(f(b)));
+        _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
+    };
+    std::ptr::addr_of_mut!((*out).scales).write(scales);
+    std::ptr::addr_of_mut!((*out).mins).write([pairs[4], pairs[5], pairs[6], pairs[7]]);
+    std::ptr::addr_of_mut!((*out).d).write(f16x8(|b| b.d));
+    std::ptr::addr_of_mut!((*out).dmin).write(f16x8(|b| b.dmin));
+}
+
+/// i16 `h` (0 or 1) of each i32 lane of `pair` in the form [`PanelBlock::scales`] keeps.
+#[inline(always)]
+unsafe fn scale_lanes<I: Isa>(pair: __m256i, h: usize) -> __m256i {
+    if I::VNNI {
+        let sc = if h == 0 {
+            _mm256_and_si256(pair, _mm256_set1_epi32(0xFFFF))
+        } else {
+            _mm256_srli_epi32(pair, 16)
+        };
+        _mm256_castps_si256(_mm256_cvtepi32_ps(sc))
+    } else if h == 0 {
+        _mm256_or_si256(_mm256_and_si256(pair, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(pair, 16))
+    } else {
+        let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+        _mm256_or_si256(_mm256_and_si256(pair, high), _mm256_srli_epi32(pair, 16))
+    }
+}
+
+/// Every activation row against one packed panel, [`TILE_ACTS`] at a time in the gemm's chain,
+/// then the rest (fewer than four: the batch's last rows) in the gemv's; `acc.0[k]` and
+/// `acc.1[k]` are activation row k's eight chains.
+#[inline(always)]
+unsafe fn run_tiles<I: Isa>(
+    panel: &Panel,
+    acts: &[&[BlockQ8K]],
+    table: &ActTable,
+    first_block: usize,
+    acc: (&mut [__m256; MAX_ACTS], &mut [__m256; MAX_ACTS]),
+) {
+    let mut k = 0;
+    while k + TILE_ACTS <= acts.len() {
+        tile::<I, TILE_ACTS, false>(panel, acts, table, first_block, k, (&mut *acc.0, &mut *acc.1));
+        k += TILE_ACTS;
+    }
+    match acts.len() - k {
+        3 => tile::<I, 3, true>(panel, acts, table, first_block, k, acc),
+        2 => tile::<I, 2, true>(panel, acts, table, first_block, k, acc),
+        1 => tile::<I, 1, true>(panel, acts, table, first_block, k, acc),
+        _ => {}
+    }
+}
+
+/// The micro-kernel: activation rows `k0..k0 + M` against the panel, each register of quants
+/// loaded once for the `M` rows. `GEMV`: one FMA per chain and super-block (the gemv's chain),
+/// otherwise one per 64-value chunk (the gemm's).
+#[inline(always)]
+unsafe fn tile<I: Isa, const M: usize, const GEMV: bool>(
+    panel: &Panel,
+    acts: &[&[BlockQ8K]],
+    table: &ActTable,
+    first_block: usize,
+    k0: usize,
+    (acc, acc_min): (&mut [__m256; MAX_ACTS], &mut [__m256; MAX_ACTS]),
+) {
+    let mut sums: [__m256; M] = std::array::from_fn(|t| *acc.get_unchecked(k0 + t));
+    let mut mins: [__m256; M] = std::array::from_fn(|t| *acc_min.get_unchecked(k0 + t));
+    for j in 0..panel.len {
+        let w = panel.block(j);
+        let a: [*const i8; M] = std::array::from_fn(|t| {
+            acts.get_unchecked(k0 + t).get_unchecked(first_block + j).qs.as_ptr()
+        });
+        // d_w·d_a and dmin_w·d_a, the products both chains scale by.
+        let d_a: [__m256; M] = std::array::from_fn(|t| _mm256_set1_ps(table.d(k0 + t, j)));
+        let d: [__m256; M] = std::array::from_fn(|t| _mm256_mul_ps(w.d, d_a[t]));
+        let dmin: [__m256; M] = std::array::from_fn(|t| _mm256_mul_ps(w.dmin, d_a[t]));
+        let mut total = [_mm256_setzero_si256(); M];
+        let mut total_min = [_mm256_setzero_si256(); M];
+        for c in 0..4 {
+            let sumi = chunk_sums::<I, M>(w, a, c);
+            for t in 0..M {
+                let min_sum = _mm256_madd_epi16(w.mins[c], table.sub_sums(k0 + t, j, c));
+                if GEMV {
+                    total[t] = _mm256_add_epi32(total[t], exact_i32::<I>(sumi[t]));
+                    total_min[t] = _mm256_add_epi32(total_min[t], min_sum);
+                } else {
+                    sums[t] = _mm256_fmadd_ps(exact_f32::<I>(sumi[t]), d[t], sums[t]);
+                    mins[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sum), dmin[t], mins[t]);
+                }
+            }
+        }
+        if GEMV {
+            for t in 0..M {
+                sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[t]), d[t], sums[t]);
+                mins[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total_min[t]), dmin[t], mins[t]);
+            }
+        }
+    }
+    for t in 0..M {
+        *acc.get_unchecked_mut(k0 + t) = sums[t];
+        *acc_min.get_unchecked_mut(k0 + t) = mins[t];
+    }
+}
+
+/// Chunk `c`'s scaled sums `sc_2c·S_2c + sc_2c+1·S_2c+1` of the panel's eight rows (lanes)
+/// against each of the `M` activation super-blocks at `a`: as i32 on AVX2, as f32 under VNNI
+/// (see [`vnni_chunk_sums`]); [`exact_f32`] and [`exact_i32`] take either form.
+#[inline(always)]
+unsafe fn chunk_sums<I: Isa, const M: usize>(
+    w: &PanelBlock,
+    a: [*const i8; M],
+    c: usize,
+) -> [__m256i; M] {
+    if I::VNNI {
+        vnni_chunk_sums::<I, M>(w, a, c)
+    } else {
+        avx2_chunk_sums::<M>(w, a, c)
+    }
+}
+
+/// [`chunk_sums`] on AVX2: per sub-block, eight `maddubs` of a register of quants by four
+/// activation bytes broadcast, added in i16 (each pair sum is at most 2·15·128 in magnitude, so
+/// eight of them stay within 30720: no wrap), then one `madd` by the scale in both i16 of each
+/// lane gives `sc·S` in i32.
+#[inline(always)]
+unsafe fn avx2_chunk_sums<const M: usize>(w: &PanelBlock, a: [*const i8; M], c: usize) -> [__m256i; M] {
+    let mut out = [_mm256_setzero_si256(); M];
+    for h in 0..2 {
+        let s = 2 * c + h;
+        let mut s16 = [_mm256_setzero_si256(); M];
+        for (g, &q) in w.quads[s].iter().enumerate() {
+            for t in 0..M {
+                let a4 = a[t].add(32 * s + 4 * g).cast::<i32>().read_unaligned();
+                s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(q, _mm256_set1_epi32(a4)));
+            }
+        }
+        for t in 0..M {
+            out[t] = _mm256_add_epi32(out[t], _mm256_madd_epi16(s16[t], w.scales[s]));
+        }
+    }
+    out
+}
+
+/// [`chunk_sums`] under VNNI: per sub-block eight `vpdpbusd`s with an embedded broadcast give
+/// `S` in i32, and the scales are applied in f32, which is exact here: `|S| ≤ 32·15·128` and
+/// `sc ≤ 63`, so `sc·S` and the sum of two such are integers below 2^24, and
+/// `fma(S_hi, sc_hi, S_lo·sc_lo)` is the integer sum's own conversion (no `vpmulld`). The f32
+/// bits are returned in an integer register.
+#[inline(always)]
+unsafe fn vnni_chunk_sums<I: Isa, const M: usize>(
+    w: &PanelBlock,
+    a: [*const i8; M],
+    c: usize,
+) -> [__m256i; M] {
+    let (lo, hi) = (2 * c, 2 * c + 1);
+    let mut s_lo = [_mm256_setzero_si256(); M];
+    let mut s_hi = [_mm256_setzero_si256(); M];
+    for g in 0..8 {
+        let (q_lo, q_hi) = (w.quads[lo][g], w.quads[hi][g]);
+        for t in 0..M {
+            s_lo[t] = dpbusd_broadcast::<I>(s_lo[t], q_lo, a[t].add(32 * lo + 4 * g));
+            s_hi[t] = dpbusd_broadcast::<I>(s_hi[t], q_hi, a[t].add(32 * hi + 4 * g));
+        }
+    }
+    let (sc_lo, sc_hi) = (_mm256_castsi256_ps(w.scales[lo]), _mm256_castsi256_ps(w.scales[hi]));
+    std::array::from_fn(|t| {
+        let p_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(s_lo[t]), sc_lo);
+        _mm256_castps_si256(_mm256_fmadd_ps(_mm256_cvtepi32_ps(s_hi[t]), sc_hi, p_lo))
+    })
+}
+
+/// A [`chunk_sums`] value as f32: the conversion of the i32 (AVX2), the exact f32 itself (VNNI).
+#[inline(always)]
+unsafe fn exact_f32<I: Isa>(v: __m256i) -> __m256 {
+    if I::VNNI {
+        _mm256_castsi256_ps(v)
+    } else {
+        _mm256_cvtepi32_ps(v)
+    }
+}
+
+/// A [`chunk_sums`] value as i32 (under VNNI an integer below 2^24 held exactly in f32, so the
+/// conversion back is exact too).
+#[inline(always)]
+unsafe fn exact_i32<I: Isa>(v: __m256i) -> __m256i {
+    if I::VNNI {
+        _mm256_cvtps_epi32(_mm256_castsi256_ps(v))
+    } else {
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::quant::isa;
+    use crate::quant::tests::{
+        batch_equals_groups, quantized, random_activations, random_weights, runnable_isas, Rng,
+    };
+    use crate::quant::{DotOrder, GgmlType};
+
+    /// The GEMM at its boundaries against llama.cpp's grouping, bit for bit, on every runnable
+    /// instruction set: 70 weight rows (a group of 64 and a partial panel), 19 super-blocks
+    /// (three slices, the last partial), 37 activation rows (a pass of 32, then a gemm tile of
+    /// four and one gemv row), and 8..=11 rows (the smallest batch, each gemv rest).
+    #[test]
+    fn q4_k_gemm_equals_grouping() {
+        let w = GgmlType::Q4_K;
+        let mut rng = Rng(11);
+        let n = 19 * 256;
+        let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
+        let acts: Vec<Vec<u8>> =
+            (0..37).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+        for choice in runnable_isas() {
+            for n_acts in [37, 8, 9, 10, 11, 33] {
+                let checked = isa::forced(choice, || {
+                    batch_equals_groups(w, DotOrder::Repacked, n, &rows, &acts[..n_acts])
+                });
+                assert!(checked.is_ok(), "{} on {choice}", checked.unwrap_err());
+            }
+        }
+    }
+}
