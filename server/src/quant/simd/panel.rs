@@ -30,17 +30,18 @@ use crate::quant::format::WeightRow;
 use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
 
-/// Weight rows per panel: one per i32 lane of a 256-bit register.
-const PANEL_ROWS: usize = 8;
+/// Weight rows per panel: one per i32 lane of a 256-bit register. (This and the tiling constants
+/// below are shared by the super-block GEMMs, `panel_k4` and `panel_tiled`.)
+pub(super) const PANEL_ROWS: usize = 8;
 /// Blocks of a row per pass (2048 values): a panel's slice is 18 KiB, so it stays in L1 while
 /// every activation row reads it; the float accumulators carry each chain across slices.
 const SLICE_BLOCKS: usize = 64;
 /// Panels per group of rows, whose accumulators (8 KiB) live on the stack together.
-const GROUP_PANELS: usize = 8;
+pub(super) const GROUP_PANELS: usize = 8;
 /// Activation rows per pass (prefill's micro-batch, `kv_cache::UBATCH`); more go in turns.
-const MAX_ACTS: usize = 32;
+pub(super) const MAX_ACTS: usize = 32;
 /// Activation rows that share each load of a panel's register (the micro-kernel's tile).
-const TILE_ACTS: usize = 4;
+pub(super) const TILE_ACTS: usize = 4;
 
 /// Whether [`gemm`] serves blocks `B` on `I`: with VNNI every such format (its quants made
 /// unsigned by an offset of at most 128, `vpdpbusd` never saturates); on AVX2 only formats whose

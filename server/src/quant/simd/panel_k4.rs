@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::panel::transpose_8x8;
+use super::panel::{transpose_8x8, GROUP_PANELS, MAX_ACTS, MIN_ACTS, PANEL_ROWS, TILE_ACTS};
 use super::super_block::k4_sub_sums;
 use super::{dpbusd_broadcast, load128, load256};
 use crate::quant::blocks::{blocks, scales_mins_k4};
@@ -33,22 +33,10 @@ use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
 
-/// Weight rows per panel: one per i32 lane of a 256-bit register.
-const PANEL_ROWS: usize = 8;
 /// Super-blocks of a row per pass (2048 values): a panel's slice is 19.5 KiB, so it stays in L1
 /// while every activation row reads it; the float accumulators carry each chain across slices.
 const SLICE_BLOCKS: usize = 8;
-/// Panels per group of rows, whose accumulators (16 KiB, both chains) live on the stack.
-const GROUP_PANELS: usize = 8;
-/// Activation rows per pass (prefill's micro-batch, `kv_cache::UBATCH`); more go in turns.
-const MAX_ACTS: usize = 32;
-/// Activation rows that share each load of a panel's register (the micro-kernel's tile). Four,
-/// which is also llama.cpp's gemm group, so a tile never mixes the gemm and gemv chains.
-const TILE_ACTS: usize = 4;
 
-/// Activation rows below which [`rows`] declines: the transpose of a panel costs about as much
-/// as a few activation rows' work on it, so fewer rows take the row kernels.
-pub const MIN_ACTS: usize = 8;
 
 /// [`Kernels::dot_batch_rows`](crate::quant::format::Kernels::dot_batch_rows) of Q4_K: [`gemm`]
 /// in the repacked order with at least [`MIN_ACTS`] activation rows; otherwise false, nothing

@@ -35,15 +35,13 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::panel::transpose_8x8;
+use super::panel::{transpose_8x8, GROUP_PANELS, MAX_ACTS, MIN_ACTS, PANEL_ROWS, TILE_ACTS};
 use super::dpbusd_broadcast;
 use crate::quant::blocks::{blocks, Block, QK_K};
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
 
-/// Weight rows per panel: one per i32 lane of a 256-bit register.
-const PANEL_ROWS: usize = 8;
 /// Super-blocks of a row per pass (2048 values): a panel's slice is at most 20.3 KiB (2 KiB of
 /// quants, up to 512 bytes of scales and 32 of `d` per super-block), so it stays in L1 while
 /// every activation row reads it; the float accumulators carry each chain across slices.
@@ -52,16 +50,7 @@ const SLICE_BLOCKS: usize = 8;
 const QUADS: usize = QK_K / 4;
 /// The most sub-blocks a super-block has (Q6_K's sixteen).
 const MAX_SUBS: usize = 16;
-/// Panels per group of rows, whose accumulators (8 KiB) live on the stack together.
-const GROUP_PANELS: usize = 8;
-/// Activation rows per pass (prefill's micro-batch, `kv_cache::UBATCH`); more go in turns.
-const MAX_ACTS: usize = 32;
-/// Activation rows that share each load of a panel's register (the micro-kernel's tile).
-const TILE_ACTS: usize = 4;
 
-/// Activation rows below which [`rows`] declines: a panel's transpose costs about as much as
-/// several activation rows' work on it, so fewer rows take the row kernels.
-pub const MIN_ACTS: usize = 8;
 
 /// A mins-free K-quant super-block as this GEMM reads it: sub-blocks of `SUB_LEN` values, each
 /// with an integer scale, whose total the tiled order scales by the f16 `d`.
