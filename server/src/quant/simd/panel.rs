@@ -190,7 +190,7 @@ impl ActTable {
         }
     }
 
-    /// Activation row `k`'s `(d, base)` of the slice's block `j` (written by `new` for every
+    /// Activation row `k`'s `(d, base)` of the slice's block `j` (written by `fill` for every
     /// row and block it was given).
     #[inline(always)]
     unsafe fn get(&self, k: usize, j: usize) -> (f32, i32) {

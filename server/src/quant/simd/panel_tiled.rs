@@ -116,6 +116,9 @@ pub unsafe fn gemm<I: Isa, B: TiledBlock>(
         "gemm: rows, activations and outputs of unequal lengths"
     );
     let row = |i: usize| blocks::<B>(&rows[i * row_bytes..(i + 1) * row_bytes]);
+    // Filled in place (returned by value they would be copied: about 25 KiB per slice).
+    let mut table = ActTable::new();
+    let mut packed = Panel::new();
     for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
         let group_rows = GROUP_PANELS * PANEL_ROWS;
         for first in (0..n_rows).step_by(group_rows) {
@@ -124,13 +127,13 @@ pub unsafe fn gemm<I: Isa, B: TiledBlock>(
             let mut acc = [[_mm256_setzero_ps(); MAX_ACTS]; GROUP_PANELS];
             for b0 in (0..n_blocks).step_by(SLICE_BLOCKS) {
                 let slice = b0..(b0 + SLICE_BLOCKS).min(n_blocks);
-                let table = ActTable::new::<I, B>(acts, slice.clone());
+                table.fill::<I, B>(acts, slice.clone());
                 for (p, acc) in acc[..panels].iter_mut().enumerate() {
                     // A partial last panel repeats its last row; those lanes are not written out.
                     let panel: [&[B]; PANEL_ROWS] = std::array::from_fn(|r| {
                         row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
                     });
-                    let packed = Panel::pack::<I, B>(panel, slice.clone());
+                    packed.pack::<I, B>(panel, slice.clone());
                     run_tiles::<I, B>(&packed, acts, &table, slice.start, acc);
                 }
             }
@@ -157,12 +160,17 @@ struct ActTable {
 }
 
 impl ActTable {
-    #[inline(always)]
-    fn new<I: Isa, B: TiledBlock>(acts: &[&[BlockQ8K]], slice: std::ops::Range<usize>) -> ActTable {
-        let mut t = ActTable {
+    fn new() -> ActTable {
+        ActTable {
             d: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
             base: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
-        };
+        }
+    }
+
+    /// The entries of `acts`' super-blocks `slice`.
+    #[inline(always)]
+    fn fill<I: Isa, B: TiledBlock>(&mut self, acts: &[&[BlockQ8K]], slice: std::ops::Range<usize>) {
+        let t = self;
         for (k, a) in acts.iter().enumerate() {
             for (j, b) in a[slice.clone()].iter().enumerate() {
                 t.d[k][j].write(b.d());
@@ -179,10 +187,9 @@ impl ActTable {
                 }
             }
         }
-        t
     }
 
-    /// Activation row `k`'s `d` of the slice's super-block `j` (written by `new` for every row
+    /// Activation row `k`'s `d` of the slice's super-block `j` (written by `fill` for every row
     /// and super-block it was given).
     #[inline(always)]
     unsafe fn d(&self, k: usize, j: usize) -> f32 {
@@ -208,14 +215,20 @@ struct Panel {
 }
 
 impl Panel {
-    #[inline(always)]
-    unsafe fn pack<I: Isa, B: TiledBlock>(rows: [&[B]; PANEL_ROWS], slice: std::ops::Range<usize>) -> Panel {
-        let mut p = Panel {
+    fn new() -> Panel {
+        Panel {
             quads: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
             scales: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
             d: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
-            len: slice.len(),
-        };
+            len: 0,
+        }
+    }
+
+    /// Super-blocks `slice` of `rows`, interleaved.
+    #[inline(always)]
+    unsafe fn pack<I: Isa, B: TiledBlock>(&mut self, rows: [&[B]; PANEL_ROWS], slice: std::ops::Range<usize>) {
+        let p = self;
+        p.len = slice.len();
         for (j, i) in slice.enumerate() {
             let b = rows.map(|r| r.get_unchecked(i));
             let quads = p.quads[j].as_mut_ptr().cast::<[__m256i; 8]>();
@@ -228,7 +241,6 @@ impl Panel {
             let h = _mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
             p.d[j].write(_mm256_cvtph_ps(h));
         }
-        p
     }
 }
 
