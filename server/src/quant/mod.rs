@@ -49,6 +49,7 @@ avx2! {
 use blocks::{blocks, blocks_mut};
 use format::{ActBlock, Format, Kernels, Weight, WeightRow};
 use isa::{with_isa, Isa};
+use smallvec::SmallVec;
 
 formats! {
     // Model tensor types. `orders`: llama.cpp's float orders for the type besides vec_dot
@@ -88,8 +89,6 @@ formats! {
 }
 
 mod random;
-
-use smallvec::SmallVec;
 #[cfg(test)]
 pub(crate) mod tests;
 mod types;
@@ -374,8 +373,8 @@ fn rows_x4_of<W: Kernels<I>, I: Isa>(
 /// micro-batch, as llama.cpp's matmul groups them (eights and fours from the first, the rest
 /// one by one, which matters where its gemm and gemv orders differ): each output is
 /// bit-identical to what [`dot_rows_x8`], [`dot_rows_x4`] and [`dot_rows`] give it. Formats with
-/// a kernel for the whole batch ([`Kernels::dot_batch_rows`]: Q4_0, IQ4_NL and Q4_K repacked) take
-/// it; the others go through those groups.
+/// a kernel for the whole batch ([`Kernels::dot_batch_rows`]: Q4_0, IQ4_NL and Q4_K repacked,
+/// IQ4_XS tiled, Q6_K tiled under VNNI) take it; the others go through those groups.
 ///
 /// Panics as [`dot_rows_multi`] does.
 pub fn dot_rows_batch(
