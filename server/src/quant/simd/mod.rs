@@ -19,6 +19,7 @@ pub mod block32;
 pub mod float;
 pub mod iq4;
 pub mod panel;
+pub mod panel_gemm;
 pub mod panel_k4;
 pub mod panel_tiled;
 pub mod super_block;

@@ -20,28 +20,22 @@
 //! which the property tests hold this to.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use super::block32::SignedBlock32;
 use super::dpbusd_broadcast;
-use crate::quant::blocks::{blocks, f16_to_f32};
+use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
+use crate::quant::blocks::f16_to_f32;
 use crate::quant::formats::q8_0::BlockQ8_0;
 use crate::quant::format::WeightRow;
 use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
 
-/// Weight rows per panel: one per i32 lane of a 256-bit register. (This and the tiling constants
-/// below are shared by the super-block GEMMs, `panel_k4` and `panel_tiled`.)
-pub(super) const PANEL_ROWS: usize = 8;
-/// Blocks of a row per pass (2048 values): a panel's slice is 18 KiB, so it stays in L1 while
+/// Blocks of a row per slice (2048 values): a panel's slice is 18 KiB, so it stays in L1 while
 /// every activation row reads it; the float accumulators carry each chain across slices.
 const SLICE_BLOCKS: usize = 64;
-/// Panels per group of rows, whose accumulators (8 KiB) live on the stack together.
-pub(super) const GROUP_PANELS: usize = 8;
-/// Activation rows per pass (prefill's micro-batch, `kv_cache::UBATCH`); more go in turns.
-pub(super) const MAX_ACTS: usize = 32;
-/// Activation rows that share each load of a panel's register (the micro-kernel's tile).
-pub(super) const TILE_ACTS: usize = 4;
 
 /// Whether [`gemm`] serves blocks `B` on `I`: with VNNI every such format (its quants made
 /// unsigned by an offset of at most 128, `vpdpbusd` never saturates); on AVX2 only formats whose
@@ -69,10 +63,6 @@ unsafe fn unsigned<B: SignedBlock32>(b: &B) -> __m256i {
     }
 }
 
-/// Activation rows below which [`rows`] declines: the transpose of a panel costs about as much
-/// as five activation rows' work on it, so fewer rows take the row kernels.
-pub const MIN_ACTS: usize = 8;
-
 /// [`Kernels::dot_batch_rows`](crate::quant::format::Kernels::dot_batch_rows) of a 32-value
 /// format `W`: [`gemm`] in the repacked order where `W` lists it, [`serves`] says so and there
 /// are at least [`MIN_ACTS`] activation rows; otherwise false, nothing written.
@@ -93,72 +83,57 @@ where
         return false;
     }
     // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
-    unsafe { gemm::<I, W::Block>(rows, row_bytes, acts, outs) };
+    unsafe { gemm::<I, Repacked32<W::Block>>(rows, row_bytes, acts, outs) };
     true
 }
 
-/// Weight rows (`row_bytes` each, of blocks `B`) against the activation rows `acts`:
-/// `outs[t][i]` = row i · `acts[t]` in the repacked order. The caller checks [`serves`] and the
-/// lengths (every activation row as wide as a weight row, every output one value per row).
-///
-/// # Safety
-/// The CPU must have what `I` needs (the matmul entry points choose `I` so).
-#[inline(always)]
-pub unsafe fn gemm<I: Isa, B: SignedBlock32>(
-    rows: &[u8],
-    row_bytes: usize,
-    acts: &[&[BlockQ8_0]],
-    outs: &mut [&mut [f32]],
-) {
-    let n_blocks = row_bytes / size_of::<B>();
-    let n_rows = rows.len() / row_bytes;
-    assert!(
-        row_bytes == n_blocks * size_of::<B>()
-            && acts.len() == outs.len()
-            && acts.iter().all(|a| a.len() == n_blocks)
-            && outs.iter().all(|o| o.len() == n_rows),
-        "gemm: rows, activations and outputs of unequal lengths"
-    );
-    let row = |i: usize| blocks::<B>(&rows[i * row_bytes..(i + 1) * row_bytes]);
-    // Filled in place (returned by value they would be copied: 34 KiB per slice).
-    let mut table = ActTable::new();
-    let mut packed = Panel::new();
-    for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
-        let group_rows = GROUP_PANELS * PANEL_ROWS;
-        for first in (0..n_rows).step_by(group_rows) {
-            let rows_here = (n_rows - first).min(group_rows);
-            let panels = rows_here.div_ceil(PANEL_ROWS);
-            let mut acc = [[_mm256_setzero_ps(); MAX_ACTS]; GROUP_PANELS];
-            for b0 in (0..n_blocks).step_by(SLICE_BLOCKS) {
-                let slice = b0..(b0 + SLICE_BLOCKS).min(n_blocks);
-                table.fill::<B>(acts, slice.clone());
-                for (p, acc) in acc[..panels].iter_mut().enumerate() {
-                    // A partial last panel repeats its last row; those lanes are not written out.
-                    let panel: [&[B]; PANEL_ROWS] = std::array::from_fn(|r| {
-                        row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
-                    });
-                    packed.pack(panel, slice.clone());
-                    run_tiles::<I>(&packed, acts, &table, slice.start, acc);
-                }
-            }
-            for (p, acc) in acc[..panels].iter().enumerate() {
-                let lo = first + p * PANEL_ROWS;
-                let len = (n_rows - lo).min(PANEL_ROWS);
-                for (o, acc) in outs.iter_mut().zip(acc) {
-                    let o = &mut o[lo..lo + len];
-                    if len == PANEL_ROWS {
-                        // SAFETY: `o` holds the eight values stored.
-                        _mm256_storeu_ps(o.as_mut_ptr(), *acc);
-                    } else {
-                        let mut lanes = [0f32; PANEL_ROWS];
-                        _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-                        for (o, v) in o.iter_mut().zip(lanes) {
-                            *o = v;
-                        }
-                    }
-                }
-            }
-        }
+/// The [`PanelKernel`] of the 32-value formats `B` in the repacked order.
+struct Repacked32<B>(PhantomData<B>);
+
+impl<I: Isa, B: SignedBlock32> PanelKernel<I> for Repacked32<B> {
+    type Block = B;
+    type Act = BlockQ8_0;
+    type Table = ActTable;
+    type Panel = Panel;
+    type Chains = __m256;
+    const SLICE_BLOCKS: usize = SLICE_BLOCKS;
+
+    #[inline(always)]
+    fn buffers() -> (ActTable, Panel) {
+        (ActTable::new(), Panel::new())
+    }
+
+    #[inline(always)]
+    fn zero() -> __m256 {
+        // SAFETY: AVX is part of the target this module is compiled for.
+        unsafe { _mm256_setzero_ps() }
+    }
+
+    #[inline(always)]
+    unsafe fn result(chains: __m256) -> __m256 {
+        chains
+    }
+
+    #[inline(always)]
+    unsafe fn fill(table: &mut ActTable, acts: &[&[BlockQ8_0]], slice: Range<usize>) {
+        table.fill::<B>(acts, slice);
+    }
+
+    #[inline(always)]
+    unsafe fn pack(panel: &mut Panel, rows: [&[B]; PANEL_ROWS], slice: Range<usize>) {
+        panel.pack(rows, slice);
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const M: usize, const TAIL: bool>(
+        panel: &Panel,
+        acts: &[&[BlockQ8_0]],
+        table: &ActTable,
+        first_block: usize,
+        k0: usize,
+        acc: &mut [__m256; MAX_ACTS],
+    ) {
+        tile::<I, M>(panel, acts, table, first_block, k0, acc);
     }
 }
 
@@ -180,7 +155,7 @@ impl ActTable {
 
     /// The entries of `acts`' blocks `slice`.
     #[inline(always)]
-    fn fill<B: SignedBlock32>(&mut self, acts: &[&[BlockQ8_0]], slice: std::ops::Range<usize>) {
+    fn fill<B: SignedBlock32>(&mut self, acts: &[&[BlockQ8_0]], slice: Range<usize>) {
         for (k, a) in acts.iter().enumerate() {
             for (j, b) in a[slice.clone()].iter().enumerate() {
                 self.d[k][j].write(f16_to_f32(b.d));
@@ -220,7 +195,7 @@ impl Panel {
 
     /// Blocks `slice` of `rows`, interleaved.
     #[inline(always)]
-    unsafe fn pack<B: SignedBlock32>(&mut self, rows: [&[B]; PANEL_ROWS], slice: std::ops::Range<usize>) {
+    unsafe fn pack<B: SignedBlock32>(&mut self, rows: [&[B]; PANEL_ROWS], slice: Range<usize>) {
         self.len = slice.len();
         for (j, i) in slice.enumerate() {
             let b = rows.map(|r| r.get_unchecked(i));
@@ -229,61 +204,6 @@ impl Panel {
             let h = _mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
             self.d[j].write(_mm256_cvtph_ps(h));
         }
-    }
-}
-
-/// Rows become columns: i32 lane c of output r is lane r of input c, and back.
-#[inline(always)]
-pub(super) unsafe fn transpose_8x8(r: [__m256i; 8]) -> [__m256i; 8] {
-    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
-    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
-    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-    let t4 = _mm256_unpacklo_epi32(r[4], r[5]);
-    let t5 = _mm256_unpackhi_epi32(r[4], r[5]);
-    let t6 = _mm256_unpacklo_epi32(r[6], r[7]);
-    let t7 = _mm256_unpackhi_epi32(r[6], r[7]);
-    // u_c, lanes 0..4 of each half: rows 0..4 (or 4..8) of column c (low half) and c+4.
-    let u0 = _mm256_unpacklo_epi64(t0, t2);
-    let u1 = _mm256_unpackhi_epi64(t0, t2);
-    let u2 = _mm256_unpacklo_epi64(t1, t3);
-    let u3 = _mm256_unpackhi_epi64(t1, t3);
-    let u4 = _mm256_unpacklo_epi64(t4, t6);
-    let u5 = _mm256_unpackhi_epi64(t4, t6);
-    let u6 = _mm256_unpacklo_epi64(t5, t7);
-    let u7 = _mm256_unpackhi_epi64(t5, t7);
-    [
-        _mm256_permute2x128_si256(u0, u4, 0x20),
-        _mm256_permute2x128_si256(u1, u5, 0x20),
-        _mm256_permute2x128_si256(u2, u6, 0x20),
-        _mm256_permute2x128_si256(u3, u7, 0x20),
-        _mm256_permute2x128_si256(u0, u4, 0x31),
-        _mm256_permute2x128_si256(u1, u5, 0x31),
-        _mm256_permute2x128_si256(u2, u6, 0x31),
-        _mm256_permute2x128_si256(u3, u7, 0x31),
-    ]
-}
-
-/// Every activation row against one packed panel, [`TILE_ACTS`] at a time (the last few in a
-/// smaller tile); `acc[k]` is activation row k's eight chains.
-#[inline(always)]
-unsafe fn run_tiles<I: Isa>(
-    panel: &Panel,
-    acts: &[&[BlockQ8_0]],
-    table: &ActTable,
-    first_block: usize,
-    acc: &mut [__m256; MAX_ACTS],
-) {
-    let mut k = 0;
-    while k + TILE_ACTS <= acts.len() {
-        tile::<I, TILE_ACTS>(panel, acts, table, first_block, k, acc);
-        k += TILE_ACTS;
-    }
-    match acts.len() - k {
-        3 => tile::<I, 3>(panel, acts, table, first_block, k, acc),
-        2 => tile::<I, 2>(panel, acts, table, first_block, k, acc),
-        1 => tile::<I, 1>(panel, acts, table, first_block, k, acc),
-        _ => {}
     }
 }
 

@@ -24,10 +24,10 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::panel::{transpose_8x8, GROUP_PANELS, MAX_ACTS, MIN_ACTS, PANEL_ROWS, TILE_ACTS};
+use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
 use super::super_block::k4_sub_sums;
 use super::{dpbusd_broadcast, load128, load256};
-use crate::quant::blocks::{blocks, scales_mins_k4};
+use crate::quant::blocks::scales_mins_k4;
 use crate::quant::formats::q4_k::BlockQ4K;
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
@@ -53,69 +53,60 @@ pub fn rows<I: Isa>(
         return false;
     }
     // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
-    unsafe { gemm::<I>(rows, row_bytes, acts, outs) };
+    unsafe { gemm::<I, Q4KPanels>(rows, row_bytes, acts, outs) };
     true
 }
 
-/// Weight rows (`row_bytes` each) against the activation rows `acts`: `outs[t][i]` = row i ·
-/// `acts[t]` in the repacked order, each activation row in the chain llama.cpp's grouping gives
-/// it (gemm for the groups of four from the first, gemv for the rest).
-///
-/// # Safety
-/// The CPU must have what `I` needs (the matmul entry points choose `I` so).
-#[inline(always)]
-pub unsafe fn gemm<I: Isa>(
-    rows: &[u8],
-    row_bytes: usize,
-    acts: &[&[BlockQ8K]],
-    outs: &mut [&mut [f32]],
-) {
-    let n_blocks = row_bytes / size_of::<BlockQ4K>();
-    let n_rows = rows.len() / row_bytes;
-    assert!(
-        row_bytes == n_blocks * size_of::<BlockQ4K>()
-            && acts.len() == outs.len()
-            && acts.iter().all(|a| a.len() == n_blocks)
-            && outs.iter().all(|o| o.len() == n_rows),
-        "gemm: rows, activations and outputs of unequal lengths"
-    );
-    let row = |i: usize| blocks::<BlockQ4K>(&rows[i * row_bytes..(i + 1) * row_bytes]);
-    // Filled in place per slice: returned by value they would be copied (the panel's 20 KiB per
-    // panel and slice).
-    let mut packed = Panel::new();
-    let mut table = ActTable::new();
-    // MAX_ACTS is a multiple of four, so every pass but the last holds whole groups of four and
-    // the gemv rows (the batch's last len % 4) all fall in the last pass, at its end.
-    for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
-        let group_rows = GROUP_PANELS * PANEL_ROWS;
-        for first in (0..n_rows).step_by(group_rows) {
-            let rows_here = (n_rows - first).min(group_rows);
-            let panels = rows_here.div_ceil(PANEL_ROWS);
-            let mut acc = [[[_mm256_setzero_ps(); MAX_ACTS]; GROUP_PANELS]; 2];
-            let [acc, acc_min] = &mut acc;
-            for b0 in (0..n_blocks).step_by(SLICE_BLOCKS) {
-                let slice = b0..(b0 + SLICE_BLOCKS).min(n_blocks);
-                table.fill(acts, slice.clone());
-                for p in 0..panels {
-                    // A partial last panel repeats its last row; those lanes are not written out.
-                    let panel: [&[BlockQ4K]; PANEL_ROWS] = std::array::from_fn(|r| {
-                        row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
-                    });
-                    packed.pack::<I>(panel, slice.clone());
-                    let chains = (&mut acc[p], &mut acc_min[p]);
-                    run_tiles::<I>(&packed, acts, &table, slice.start, chains);
-                }
-            }
-            for p in 0..panels {
-                let lo = p * PANEL_ROWS;
-                let len = (rows_here - lo).min(PANEL_ROWS);
-                for (t, o) in outs.iter_mut().enumerate() {
-                    let mut lanes = [0f32; PANEL_ROWS];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_sub_ps(acc[p][t], acc_min[p][t]));
-                    o[first + lo..first + lo + len].copy_from_slice(&lanes[..len]);
-                }
-            }
-        }
+/// The [`PanelKernel`] of Q4_K in the repacked order: each output in the chain llama.cpp's
+/// grouping gives it (the gemm's for the groups of four from the first, the gemv's for the
+/// batch's last `len % 4` rows, the driver's tail), as two chains, sums and mins, subtracted at
+/// the end.
+struct Q4KPanels;
+
+impl<I: Isa> PanelKernel<I> for Q4KPanels {
+    type Block = BlockQ4K;
+    type Act = BlockQ8K;
+    type Table = ActTable;
+    type Panel = Panel;
+    type Chains = [__m256; 2];
+    const SLICE_BLOCKS: usize = SLICE_BLOCKS;
+
+    #[inline(always)]
+    fn buffers() -> (ActTable, Panel) {
+        (ActTable::new(), Panel::new())
+    }
+
+    #[inline(always)]
+    fn zero() -> [__m256; 2] {
+        // SAFETY: AVX is part of the target this module is compiled for.
+        unsafe { [_mm256_setzero_ps(); 2] }
+    }
+
+    #[inline(always)]
+    unsafe fn result([sums, mins]: [__m256; 2]) -> __m256 {
+        _mm256_sub_ps(sums, mins)
+    }
+
+    #[inline(always)]
+    unsafe fn fill(table: &mut ActTable, acts: &[&[BlockQ8K]], slice: Range<usize>) {
+        table.fill(acts, slice);
+    }
+
+    #[inline(always)]
+    unsafe fn pack(panel: &mut Panel, rows: [&[BlockQ4K]; PANEL_ROWS], slice: Range<usize>) {
+        panel.pack::<I>(rows, slice);
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const M: usize, const TAIL: bool>(
+        panel: &Panel,
+        acts: &[&[BlockQ8K]],
+        table: &ActTable,
+        first_block: usize,
+        k0: usize,
+        acc: &mut [[__m256; 2]; MAX_ACTS],
+    ) {
+        tile::<I, M, TAIL>(panel, acts, table, first_block, k0, acc);
     }
 }
 
@@ -262,30 +253,6 @@ unsafe fn scale_lanes<I: Isa>(pair: __m256i, h: usize) -> __m256i {
     }
 }
 
-/// Every activation row against one packed panel, [`TILE_ACTS`] at a time in the gemm's chain,
-/// then the rest (fewer than four: the batch's last rows) in the gemv's; `acc.0[k]` and
-/// `acc.1[k]` are activation row k's eight chains.
-#[inline(always)]
-unsafe fn run_tiles<I: Isa>(
-    panel: &Panel,
-    acts: &[&[BlockQ8K]],
-    table: &ActTable,
-    first_block: usize,
-    acc: (&mut [__m256; MAX_ACTS], &mut [__m256; MAX_ACTS]),
-) {
-    let mut k = 0;
-    while k + TILE_ACTS <= acts.len() {
-        tile::<I, TILE_ACTS, false>(panel, acts, table, first_block, k, (&mut *acc.0, &mut *acc.1));
-        k += TILE_ACTS;
-    }
-    match acts.len() - k {
-        3 => tile::<I, 3, true>(panel, acts, table, first_block, k, acc),
-        2 => tile::<I, 2, true>(panel, acts, table, first_block, k, acc),
-        1 => tile::<I, 1, true>(panel, acts, table, first_block, k, acc),
-        _ => {}
-    }
-}
-
 /// The micro-kernel: activation rows `k0..k0 + M` against the panel, each register of quants
 /// loaded once for the `M` rows. `GEMV`: one FMA per chain and super-block (the gemv's chain),
 /// otherwise one per 64-value chunk (the gemm's).
@@ -296,10 +263,10 @@ unsafe fn tile<I: Isa, const M: usize, const GEMV: bool>(
     table: &ActTable,
     first_block: usize,
     k0: usize,
-    (acc, acc_min): (&mut [__m256; MAX_ACTS], &mut [__m256; MAX_ACTS]),
+    acc: &mut [[__m256; 2]; MAX_ACTS],
 ) {
-    let mut sums: [__m256; M] = std::array::from_fn(|t| *acc.get_unchecked(k0 + t));
-    let mut mins: [__m256; M] = std::array::from_fn(|t| *acc_min.get_unchecked(k0 + t));
+    let mut sums: [__m256; M] = std::array::from_fn(|t| acc.get_unchecked(k0 + t)[0]);
+    let mut mins: [__m256; M] = std::array::from_fn(|t| acc.get_unchecked(k0 + t)[1]);
     for j in 0..panel.len {
         let w = panel.block(j);
         let a: [*const i8; M] = std::array::from_fn(|t| {
@@ -332,8 +299,7 @@ unsafe fn tile<I: Isa, const M: usize, const GEMV: bool>(
         }
     }
     for t in 0..M {
-        *acc.get_unchecked_mut(k0 + t) = sums[t];
-        *acc_min.get_unchecked_mut(k0 + t) = mins[t];
+        *acc.get_unchecked_mut(k0 + t) = [sums[t], mins[t]];
     }
 }
 

@@ -33,11 +33,13 @@
 //! the row kernels, which the property tests hold this to.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
-use super::panel::{transpose_8x8, GROUP_PANELS, MAX_ACTS, MIN_ACTS, PANEL_ROWS, TILE_ACTS};
+use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
 use super::dpbusd_broadcast;
-use crate::quant::blocks::{blocks, Block, QK_K};
+use crate::quant::blocks::{Block, QK_K};
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
@@ -89,64 +91,57 @@ pub fn rows<I: Isa, B: TiledBlock>(
         return false;
     }
     // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
-    unsafe { gemm::<I, B>(rows, row_bytes, acts, outs) };
+    unsafe { gemm::<I, Tiled<B>>(rows, row_bytes, acts, outs) };
     true
 }
 
-/// Weight rows (`row_bytes` each, of blocks `B`) against the activation rows `acts`:
-/// `outs[t][i]` = row i · `acts[t]` in the tiled order. The caller checks [`serves`].
-///
-/// # Safety
-/// The CPU must have what `I` needs (the matmul entry points choose `I` so).
-#[inline(always)]
-pub unsafe fn gemm<I: Isa, B: TiledBlock>(
-    rows: &[u8],
-    row_bytes: usize,
-    acts: &[&[BlockQ8K]],
-    outs: &mut [&mut [f32]],
-) {
-    let n_blocks = row_bytes / size_of::<B>();
-    let n_rows = rows.len() / row_bytes;
-    assert!(
-        row_bytes == n_blocks * size_of::<B>()
-            && rows.len() == n_rows * row_bytes
-            && acts.len() == outs.len()
-            && acts.iter().all(|a| a.len() == n_blocks)
-            && outs.iter().all(|o| o.len() == n_rows),
-        "gemm: rows, activations and outputs of unequal lengths"
-    );
-    let row = |i: usize| blocks::<B>(&rows[i * row_bytes..(i + 1) * row_bytes]);
-    // Filled in place (returned by value they would be copied: about 25 KiB per slice).
-    let mut table = ActTable::new();
-    let mut packed = Panel::new();
-    for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
-        let group_rows = GROUP_PANELS * PANEL_ROWS;
-        for first in (0..n_rows).step_by(group_rows) {
-            let rows_here = (n_rows - first).min(group_rows);
-            let panels = rows_here.div_ceil(PANEL_ROWS);
-            let mut acc = [[_mm256_setzero_ps(); MAX_ACTS]; GROUP_PANELS];
-            for b0 in (0..n_blocks).step_by(SLICE_BLOCKS) {
-                let slice = b0..(b0 + SLICE_BLOCKS).min(n_blocks);
-                table.fill::<I, B>(acts, slice.clone());
-                for (p, acc) in acc[..panels].iter_mut().enumerate() {
-                    // A partial last panel repeats its last row; those lanes are not written out.
-                    let panel: [&[B]; PANEL_ROWS] = std::array::from_fn(|r| {
-                        row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
-                    });
-                    packed.pack::<I, B>(panel, slice.clone());
-                    run_tiles::<I, B>(&packed, acts, &table, slice.start, acc);
-                }
-            }
-            for (p, acc) in acc[..panels].iter().enumerate() {
-                let lo = p * PANEL_ROWS;
-                let len = (rows_here - lo).min(PANEL_ROWS);
-                for (o, acc) in outs.iter_mut().zip(acc) {
-                    let mut lanes = [0f32; PANEL_ROWS];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-                    o[first + lo..first + lo + len].copy_from_slice(&lanes[..len]);
-                }
-            }
-        }
+/// The [`PanelKernel`] of the mins-free K-quants `B` in the tiled order.
+struct Tiled<B>(PhantomData<B>);
+
+impl<I: Isa, B: TiledBlock> PanelKernel<I> for Tiled<B> {
+    type Block = B;
+    type Act = BlockQ8K;
+    type Table = ActTable;
+    type Panel = Panel;
+    type Chains = __m256;
+    const SLICE_BLOCKS: usize = SLICE_BLOCKS;
+
+    #[inline(always)]
+    fn buffers() -> (ActTable, Panel) {
+        (ActTable::new(), Panel::new())
+    }
+
+    #[inline(always)]
+    fn zero() -> __m256 {
+        // SAFETY: AVX is part of the target this module is compiled for.
+        unsafe { _mm256_setzero_ps() }
+    }
+
+    #[inline(always)]
+    unsafe fn result(chains: __m256) -> __m256 {
+        chains
+    }
+
+    #[inline(always)]
+    unsafe fn fill(table: &mut ActTable, acts: &[&[BlockQ8K]], slice: Range<usize>) {
+        table.fill::<I, B>(acts, slice);
+    }
+
+    #[inline(always)]
+    unsafe fn pack(panel: &mut Panel, rows: [&[B]; PANEL_ROWS], slice: Range<usize>) {
+        panel.pack::<I, B>(rows, slice);
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const M: usize, const TAIL: bool>(
+        panel: &Panel,
+        acts: &[&[BlockQ8K]],
+        table: &ActTable,
+        first_block: usize,
+        k0: usize,
+        acc: &mut [__m256; MAX_ACTS],
+    ) {
+        tile::<I, B, M>(panel, acts, table, first_block, k0, acc);
     }
 }
 
@@ -169,7 +164,7 @@ impl ActTable {
 
     /// The entries of `acts`' super-blocks `slice`.
     #[inline(always)]
-    fn fill<I: Isa, B: TiledBlock>(&mut self, acts: &[&[BlockQ8K]], slice: std::ops::Range<usize>) {
+    fn fill<I: Isa, B: TiledBlock>(&mut self, acts: &[&[BlockQ8K]], slice: Range<usize>) {
         let t = self;
         for (k, a) in acts.iter().enumerate() {
             for (j, b) in a[slice.clone()].iter().enumerate() {
@@ -226,7 +221,7 @@ impl Panel {
 
     /// Super-blocks `slice` of `rows`, interleaved.
     #[inline(always)]
-    unsafe fn pack<I: Isa, B: TiledBlock>(&mut self, rows: [&[B]; PANEL_ROWS], slice: std::ops::Range<usize>) {
+    unsafe fn pack<I: Isa, B: TiledBlock>(&mut self, rows: [&[B]; PANEL_ROWS], slice: Range<usize>) {
         let p = self;
         p.len = slice.len();
         for (j, i) in slice.enumerate() {
@@ -258,29 +253,6 @@ unsafe fn panel_scales<I: Isa, B: TiledBlock>(b: [&B; PANEL_ROWS]) -> [__m256i; 
         out = out.map(|v| _mm256_or_si256(_mm256_and_si256(v, low), _mm256_slli_epi32(v, 16)));
     }
     out
-}
-
-/// Every activation row against one packed panel, [`TILE_ACTS`] at a time (the last few in a
-/// smaller tile); `acc[k]` is activation row k's eight chains.
-#[inline(always)]
-unsafe fn run_tiles<I: Isa, B: TiledBlock>(
-    panel: &Panel,
-    acts: &[&[BlockQ8K]],
-    table: &ActTable,
-    first_block: usize,
-    acc: &mut [__m256; MAX_ACTS],
-) {
-    let mut k = 0;
-    while k + TILE_ACTS <= acts.len() {
-        tile::<I, B, TILE_ACTS>(panel, acts, table, first_block, k, acc);
-        k += TILE_ACTS;
-    }
-    match acts.len() - k {
-        3 => tile::<I, B, 3>(panel, acts, table, first_block, k, acc),
-        2 => tile::<I, B, 2>(panel, acts, table, first_block, k, acc),
-        1 => tile::<I, B, 1>(panel, acts, table, first_block, k, acc),
-        _ => {}
-    }
 }
 
 /// The micro-kernel: activation rows `k0..k0 + M` against the panel, each register of the panel
