@@ -6,9 +6,13 @@ chat:    replays a 10-turn conversation after a ~1.5k-token system prompt (greed
          time to the first streamed token and the total time.
 streams: N concurrent streams of 128 greedy tokens from different short prompts, N = 1, 2, 4,
          and prints aggregate generated tokens per second (completion_tokens / wall time).
+         These greedy stories repeat themselves, so prompt-lookup drafting takes most of its
+         drafts (4-5 tokens per pass for one stream) and one stream is already a batch of
+         rows: `--no-speculative` asks for one token per pass, as llama-server and
+         `llm-server bench -s` decode, to see what batching the streams alone gives.
 
 Standard library only. JSON on the last line for bench/serve_compare.sh.
-  serve_bench.py chat|streams BASE_URL
+  serve_bench.py chat|streams BASE_URL [--no-speculative]
 """
 import json
 import sys
@@ -69,19 +73,22 @@ def chat(base):
     return {"turns": turns}
 
 
-def completion_tokens(base, prompt, n):
+def completion_tokens(base, prompt, n, speculative):
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0}
+    if not speculative:
+        body["speculative"] = False
     with post(base, "/v1/completions", body, False) as r:
         return json.load(r)["usage"]["completion_tokens"]
 
 
-def streams(base):
+def streams(base, speculative):
     out = []
     for n in (1, 2, 4):
         counts = [0] * n
 
         def run(k):
-            counts[k] = completion_tokens(base, f"Story {k}: once upon a time in {TOPICS[k]}", 128)
+            counts[k] = completion_tokens(base, f"Story {k}: once upon a time in {TOPICS[k]}", 128,
+                                          speculative)
 
         threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
         start = time.perf_counter()
@@ -99,5 +106,6 @@ def streams(base):
 
 if __name__ == "__main__":
     mode, base = sys.argv[1], sys.argv[2].rstrip("/")
-    result = chat(base) if mode == "chat" else streams(base)
+    speculative = "--no-speculative" not in sys.argv[3:]
+    result = chat(base) if mode == "chat" else streams(base, speculative)
     print(json.dumps(result))

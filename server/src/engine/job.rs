@@ -100,6 +100,8 @@ struct Pipe {
     wake: Notify,
     /// The owner went away: the job is cancelled.
     closed: AtomicBool,
+    /// Whether text wakes the owner (the end always does).
+    wake_on_text: AtomicBool,
 }
 
 struct PipeState {
@@ -126,6 +128,7 @@ pub(super) fn pipe() -> (Output, Events) {
         }),
         wake: Notify::new(),
         closed: AtomicBool::new(false),
+        wake_on_text: AtomicBool::new(true),
     });
     (Output { pipe: pipe.clone() }, Events { pipe })
 }
@@ -143,7 +146,9 @@ impl Output {
         state.pending.text.push_str(text);
         state.pending.logprobs.append(logprobs);
         drop(state);
-        self.pipe.wake.notify_one();
+        if self.pipe.wake_on_text.load(Ordering::Relaxed) {
+            self.pipe.wake.notify_one();
+        }
     }
 
     /// The job's last report.
@@ -172,6 +177,13 @@ pub struct Events {
 }
 
 impl Events {
+    /// From now on text does not wake the owner, only the end does: for an answer sent
+    /// whole, where a wake-up per token only costs a context switch on the CPUs that decode.
+    /// The text still comes first, merged into one piece.
+    pub fn wake_only_at_end(&mut self) {
+        self.pipe.wake_on_text.store(false, Ordering::Relaxed);
+    }
+
     /// Waits for what the job reports next. With [`Event::Text`], `piece` holds the text since
     /// the last call; `None`: the decode thread dropped the job without saying how it ended.
     pub async fn recv(&mut self, piece: &mut Piece) -> Option<Event> {
@@ -269,6 +281,26 @@ mod tests {
         assert!(!output.is_closed());
         drop(events);
         assert!(output.is_closed());
+    }
+
+    #[test]
+    fn an_owner_waking_only_at_the_end_gets_the_text_merged_first() {
+        let (output, mut events) = pipe();
+        events.wake_only_at_end();
+        let sender = std::thread::spawn(move || {
+            for word in ["one ", "two"] {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                output.text(word, &mut Vec::new());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            output.end(End::Failed(JobFailure::Timeout));
+        });
+        let mut piece = Piece::default();
+        assert_eq!(recv(&mut events, &mut piece), Some(Event::Text));
+        assert_eq!(piece.text, "one two");
+        let failed = Event::End(End::Failed(JobFailure::Timeout));
+        assert_eq!(recv(&mut events, &mut piece), Some(failed));
+        sender.join().unwrap();
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub async fn answer(
         tools: delivery.tools,
         vocab,
     };
+    if !delivery.stream {
+        events.wake_only_at_end();
+    }
     let mut piece = Piece::default();
     let first = events.recv(&mut piece).await;
     if let Some(Event::End(End::Failed(failure))) = first {
@@ -111,6 +114,11 @@ async fn collect(meta: Meta, mut rx: Received, timeout: u64) -> Result<Response,
     let mut logprobs = Vec::new();
     loop {
         match rx.next().await {
+            Some(Event::Text) if text.is_empty() => {
+                // Usually the whole answer in one piece: taken, not copied.
+                std::mem::swap(&mut text, &mut rx.piece.text);
+                logprobs.append(&mut rx.piece.logprobs);
+            }
             Some(Event::Text) => {
                 text.push_str(&rx.piece.text);
                 logprobs.append(&mut rx.piece.logprobs);
