@@ -109,10 +109,10 @@ pub(super) fn pass(
             softmax_f16(row);
         }
         let value = |p: usize| kv.v.as_ptr().add(kv.cell(p) * h.kvd + koff);
-        let prob = |j: usize, p: usize| *sc[j].add(p - base0);
+        let prob = |j: usize, p: usize| sc[j].add(p - base0).cast_const();
+        let a = acc.as_mut_ptr();
         match h.dot {
             F16Dot::TinyBlas => {
-                let a = acc.as_mut_ptr();
                 // Zeroed as one memset (32 KiB for four rows of 256).
                 std::ptr::write_bytes(a, 0, nr * 8 * hd);
                 // Segments of cells where the same rows are unmasked: the boundaries are the
@@ -124,26 +124,25 @@ pub(super) fn pass(
                 let cuts = &mut cuts[..2 * nr];
                 cuts.sort_unstable();
                 for w in cuts.windows(2) {
-                    let (from, to) = (w[0], w[1]);
-                    if from == to {
-                        continue;
-                    }
                     let mut act = [0usize; MAX_ROWS];
                     let mut na = 0;
                     for (j, r) in rows.iter().enumerate() {
-                        if r.first <= from && to <= r.pos + 1 {
+                        if r.first <= w[0] && w[1] <= r.pos + 1 {
                             act[na] = j;
                             na += 1;
                         }
                     }
-                    let accs = |i: usize| a.add(act[i] * 8 * hd);
-                    let pr = |i: usize, p: usize| prob(act[i], p);
-                    match na {
-                        1 => values::<1, 8>(hd, from, to, value, accs, pr),
-                        2 => values::<2, 8>(hd, from, to, value, accs, pr),
-                        3 => values::<3, 8>(hd, from, to, value, accs, pr),
-                        4 => values::<4, 8>(hd, from, to, value, accs, pr),
-                        _ => {}
+                    for (from, to) in runs(w[0], w[1], kv.cells, 8 * 8) {
+                        let (v, s) = (value(from), h.kvd);
+                        let accs = |i: usize| a.add(act[i] * 8 * hd);
+                        let pr = |i: usize| prob(act[i], from);
+                        match na {
+                            1 => values::<1, 8, 4>(hd, to - from, from, v, s, accs, pr),
+                            2 => values::<2, 8, 4>(hd, to - from, from, v, s, accs, pr),
+                            3 => values::<3, 8, 2>(hd, to - from, from, v, s, accs, pr),
+                            4 => values::<4, 8, 2>(hd, to - from, from, v, s, accs, pr),
+                            _ => {}
+                        }
                     }
                 }
                 for (j, r) in rows.iter_mut().enumerate() {
@@ -151,16 +150,32 @@ pub(super) fn pass(
                 }
             }
             F16Dot::VecDot => {
-                let a = acc.as_mut_ptr();
                 for (j, r) in rows.iter_mut().enumerate() {
                     std::ptr::write_bytes(a, 0, 32 * hd);
-                    let pr = |_: usize, p: usize| prob(j, p);
-                    values::<1, 32>(hd, r.first, r.pos + 1, value, |_| a, pr);
+                    for (from, to) in runs(r.first, r.pos + 1, kv.cells, 8 * 32) {
+                        let (v, s, pr) = (value(from), h.kvd, |_| prob(j, from));
+                        values::<1, 32, 4>(hd, to - from, from, v, s, |_| a, pr);
+                    }
                     reduce::<32>(a, hd, r.out.as_mut_ptr());
                 }
             }
         }
     }
+}
+
+/// `from..to` cut into runs of at most `len` positions whose cells follow each other in a ring
+/// of `cells` (no run crosses the ring's end), in order.
+fn runs(from: usize, to: usize, cells: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut at = from;
+    std::iter::from_fn(move || {
+        if at >= to {
+            return None;
+        }
+        let end = to.min(at + len).min((at / cells + 1) * cells);
+        let run = (at, end);
+        at = end;
+        Some(run)
+    })
 }
 
 /// Rounds `q * pre` to f16 (as f32), 8 values at a time.
@@ -270,30 +285,55 @@ unsafe fn dots<const R: usize, const C: usize, const A: usize>(
     })
 }
 
-/// Value lanes of N rows over the cells `from..to`: lane `p % L` of row i gains `prob(i, p) ·
+/// Value lanes of N rows over `n` consecutive cells, the first at position `from` (its values
+/// at `v`, the next ones `stride` apart): lane `p % L` of row i gains `prob(i)[p - from] ·
 /// v[p]`, one FMA per head element, the row's lanes at `acc(i)` ((L, head_dim) values).
+///
+/// Lane by lane, D blocks of 8 head elements at a time, so that the N·D accumulators stay in
+/// registers over the lane's cells (each lane still takes its cells in order: the same FMA
+/// chains as cell by cell) and each value load serves all N rows.
 #[inline(always)]
-unsafe fn values<const N: usize, const L: usize>(
+unsafe fn values<const N: usize, const L: usize, const D: usize>(
     hd: usize,
+    n: usize,
     from: usize,
-    to: usize,
-    value: impl Fn(usize) -> *const f16,
+    v: *const f16,
+    stride: usize,
     acc: impl Fn(usize) -> *mut f32,
-    prob: impl Fn(usize, usize) -> f32,
+    prob: impl Fn(usize) -> *const f32,
 ) {
+    debug_assert!(hd.is_multiple_of(8 * D));
     let accs: [*mut f32; N] = std::array::from_fn(&acc);
-    for p in from..to {
-        let v = value(p);
-        let lane = (p % L) * hd;
-        let pr: [__m256; N] = std::array::from_fn(|i| _mm256_set1_ps(prob(i, p)));
+    let probs: [*const f32; N] = std::array::from_fn(&prob);
+    for lane in 0..L {
+        // The run's first cell in this lane.
+        let start = (lane + L - from % L) % L;
+        if start >= n {
+            continue;
+        }
         let mut d = 0;
         while d < hd {
-            let x = load_f16(v.add(d));
-            for i in 0..N {
-                let a = accs[i].add(lane + d);
-                _mm256_storeu_ps(a, _mm256_fmadd_ps(pr[i], x, _mm256_loadu_ps(a)));
+            let at = |i: usize, k: usize| accs[i].add(lane * hd + d + 8 * k);
+            let mut sum: [[__m256; D]; N] =
+                std::array::from_fn(|i| std::array::from_fn(|k| _mm256_loadu_ps(at(i, k))));
+            let mut c = start;
+            while c < n {
+                let row = v.add(c * stride + d);
+                let x: [__m256; D] = std::array::from_fn(|k| load_f16(row.add(8 * k)));
+                for (i, sum) in sum.iter_mut().enumerate() {
+                    let pr = _mm256_broadcast_ss(&*probs[i].add(c));
+                    for (s, &x) in sum.iter_mut().zip(&x) {
+                        *s = _mm256_fmadd_ps(pr, x, *s);
+                    }
+                }
+                c += L;
             }
-            d += 8;
+            for (i, sum) in sum.iter().enumerate() {
+                for (k, &s) in sum.iter().enumerate() {
+                    _mm256_storeu_ps(at(i, k), s);
+                }
+            }
+            d += 8 * D;
         }
     }
 }

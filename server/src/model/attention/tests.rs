@@ -38,7 +38,9 @@ fn check(seed: u64) {
     let group = [1, 2, 3, 4, 7][rng.below(5)];
     let n_kv = 1 + rng.below(2);
     let n = 1 + rng.below(32);
-    let pos0 = rng.below(300);
+    // Mostly short contexts; some long enough for several of the value pass's runs of cells.
+    let span = [300, 300, 1100][rng.below(3)];
+    let pos0 = rng.below(span);
     let n_ctx = pos0 + n + rng.below(8);
     let window = [None, Some(1 + rng.below(64)), Some(100 + rng.below(200))][rng.below(3)];
     // A ring just big enough for the window and the batch, or the whole context.
