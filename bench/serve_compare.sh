@@ -3,7 +3,9 @@
 # llama-cpp-python 0.3.36 vendors; see testdata/README.md), one after the other on this machine,
 # same model, 2 threads. Phase "chat": 2 slots, 8192 tokens in all (llama-server divides -c
 # among its slots, so ours gets 4096 per slot), a 10-turn conversation (bench/serve_bench.py).
-# Phase "streams": 4 slots of 2048, aggregate tok/s of 1, 2 and 4 concurrent streams.
+# Phase "streams": 4 slots of 2048, aggregate tok/s of 1, 2 and 4 concurrent streams, with our
+# default prompt-lookup drafting and again with it off (one token per pass, as llama-server
+# decodes: what batching the streams alone gives).
 #   LLAMA_SERVER=path/to/llama-server MODEL=x.gguf bench/serve_compare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,20 +23,21 @@ wait_up() {
   return 1
 }
 
-run() { # name phase command...
-  local name=$1 phase=$2
+run() { # name phase command...  (phase: chat, streams or streams-plain)
+  local name=$1 phase=$2 args=()
   shift 2
+  [ "$phase" = streams-plain ] && args=(streams --no-speculative) || args=("$phase")
   "$@" >"/tmp/serve_compare.$name.log" 2>&1 &
   local pid=$!
   wait_up
   echo "== $name, $phase"
-  python3 bench/serve_bench.py "$phase" "http://127.0.0.1:$PORT" | tail -n +1 >"/tmp/serve_compare.$name.$phase.out"
+  python3 bench/serve_bench.py "${args[0]}" "http://127.0.0.1:$PORT" "${args[@]:1}" | tail -n +1 >"/tmp/serve_compare.$name.$phase.out"
   grep -v '^{' "/tmp/serve_compare.$name.$phase.out"
   kill "$pid"
   wait "$pid" 2>/dev/null || true
 }
 
-for phase in chat streams; do
+for phase in chat streams streams-plain; do
   if [ "$phase" = chat ]; then slots=2; else slots=4; fi
   run ours "$phase" ./target/release/llm-server serve -m "$MODEL" -t 2 -p "$slots" \
     -c $((8192 / slots)) --port "$PORT" --host 127.0.0.1 --default-max-tokens 512

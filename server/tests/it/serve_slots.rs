@@ -144,6 +144,11 @@ fn concurrent_requests_answer_exactly_as_alone() {
         .iter()
         .map(|b| answer(&ask(&s, b)).to_owned())
         .collect();
+    // Read before the requests go out: the tiny model can generate tokens before a read after.
+    let (tokens_before, passes_before) = (
+        s.metric("llm_generated_tokens_total"),
+        s.metric("llm_decode_passes_total"),
+    );
     let pending: Vec<_> = bodies
         .iter()
         .map(|b| {
@@ -152,10 +157,6 @@ fn concurrent_requests_answer_exactly_as_alone() {
             s.spawn_request("POST", "/v1/chat/completions", &headers, body.as_bytes())
         })
         .collect();
-    let (tokens_before, passes_before) = (
-        s.metric("llm_generated_tokens_total"),
-        s.metric("llm_decode_passes_total"),
-    );
     let mut generated = 0.0;
     for ((p, want), body) in pending.into_iter().zip(&alone).zip(&bodies) {
         let r = p.join();
