@@ -210,7 +210,7 @@ fn wait_for_dispatch(s: &Shared, seen: u64) -> u64 {
             return ticket;
         }
         spins = spins.wrapping_add(1);
-        if spins % SPINS_PER_CLOCK_READ != 0 || start.elapsed() < SPIN {
+        if !spins.is_multiple_of(SPINS_PER_CLOCK_READ) || start.elapsed() < SPIN {
             std::hint::spin_loop();
             continue;
         }
