@@ -112,19 +112,24 @@ pub fn ensure_debian(sh: &Shell, needs: &[Need]) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    let mut args: Vec<String> = missing.iter().map(|name| name.to_string()).collect();
-    args.extend(qemu_pin(sh, &missing));
-    let command = format!("apt-get install -y --allow-downgrades {}", args.join(" "));
     if !is_root(sh) {
+        let mut args: Vec<String> = missing.iter().map(|name| name.to_string()).collect();
+        args.extend(qemu_pin(sh, &missing));
         bail!(
-            "missing Debian packages: {}\nrun: sudo apt-get update && sudo {command}",
-            missing.join(" ")
+            "missing Debian packages: {}\nrun: sudo apt-get update && sudo apt-get install -y --allow-downgrades {}",
+            missing.join(" "),
+            args.join(" ")
         );
     }
-    eprintln!("    installing {}", args.join(" "));
+    // The lists first: the qemu pin is a version apt offers *now*. A machine image's lists are
+    // as old as the image, and the archive drops a superseded build (`+b2` → `+b3`) at once.
     cmd!(sh, "apt-get update -qq")
         .run()
         .context("apt-get update failed")?;
+    let mut args: Vec<String> = missing.iter().map(|name| name.to_string()).collect();
+    args.extend(qemu_pin(sh, &missing));
+    let command = format!("apt-get install -y --allow-downgrades {}", args.join(" "));
+    eprintln!("    installing {}", args.join(" "));
     cmd!(sh, "apt-get install -y -qq --allow-downgrades {args...}")
         .env("DEBIAN_FRONTEND", "noninteractive")
         .run()
