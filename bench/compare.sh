@@ -28,6 +28,12 @@ for ((i = 0; i < ${#ARGS[@]}; i++)); do
     -t?*) THREADS=${ARGS[i]#-t} ;;
   esac
 done
+# The model as a box reads it from disk: a file just written (quantised, downloaded) sits in the
+# page cache in 4 KiB folios, which both engines' maps then cover with 4 KiB pages; read back
+# from disk it comes in folios of up to 2 MiB, mapped with one entry each. Dropping the cached
+# copy once (clean pages: nothing is lost) makes the next read fill it the way the appliance's
+# boot does. Measured on Zen 5, our decode is 12-20 % faster in the second state.
+"$PEER" -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$MODEL"
 ./target/release/llm-server bench -m "$MODEL" -p 0 -n 0 -t "$THREADS" --read-bandwidth --json \
   >"$out/probe.json"
 for i in $(seq "$PAIRS"); do
@@ -74,5 +80,6 @@ for r in ours0["results"]:
 anon = lambda rs: max(x["rss_anon_peak_kb"] for x in rs) // 1024
 file_ = lambda rs: max(x["rss_file_peak_kb"] for x in rs) // 1024
 print(f"peak RssAnon / RssFile MiB: ours {anon([a for a, _ in runs])} / {file_([a for a, _ in runs])},"
-      f" llama.cpp {anon([b for _, b in runs])} / {file_([b for _, b in runs])} (with its Python host)")
+      f" llama.cpp {anon([b for _, b in runs])} / {file_([b for _, b in runs])} (with its Python host);"
+      f" our weights mapped in 2 MiB pages: {ours0.get('file_pmd_mapped_kb', 0) // 1024} MiB")
 PY

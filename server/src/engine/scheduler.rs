@@ -312,11 +312,13 @@ fn decode_round(model: &Model, counters: &Counters, slots: &mut [Slot]) {
     }
 }
 
-/// The idle slot for `job`. A slot
-/// whose cache the prompt continues (it keeps at least half of the cached conversation) is taken,
-/// the longest such prefix first; otherwise an empty slot, else the least recently used, so that
-/// a new conversation does not evict one that is still going on just because both start with the
-/// chat template's opening and a system prompt (it still reuses whatever it shares).
+/// The idle slot for `job`. A slot whose cache the prompt continues is taken, the longest such
+/// prefix first: it keeps at least half of the cached conversation (the next turn of a chat), or
+/// it holds the whole prompt (a repeated request, or a regenerated answer, whose cache holds the
+/// prompt and an answer often longer than it). Otherwise an empty slot, else the least recently
+/// used, so that a new conversation does not evict one that is still going on just because both
+/// start with the chat template's opening and a system prompt (it still reuses whatever it
+/// shares).
 fn pick_slot<'s>(slots: &'s mut [Slot], model: &Model, job: &Job) -> &'s mut Slot {
     let reusable = |slot: &Slot| {
         if job.generation.cache_prompt {
@@ -328,7 +330,10 @@ fn pick_slot<'s>(slots: &'s mut [Slot], model: &Model, job: &Job) -> &'s mut Slo
     let idle = || slots.iter().enumerate().filter(|(_, s)| s.task.is_none());
     let continued = idle()
         .map(|(i, s)| (i, reusable(s), s.session.tokens().len()))
-        .filter(|&(_, reuse, cached)| reuse > 0 && 2 * reuse >= cached)
+        .filter(|&(_, reuse, cached)| {
+            let whole_prompt = reuse + 1 == job.prompt.len();
+            reuse > 0 && (2 * reuse >= cached || whole_prompt)
+        })
         .max_by_key(|&(i, reuse, _)| (reuse, std::cmp::Reverse(slots[i].last_used)))
         .map(|(i, _, _)| i);
     let index = continued.unwrap_or_else(|| {

@@ -127,6 +127,21 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
     ) -> bool {
         false
     }
+    /// Decode's mat-vec over consecutive weight rows by a kernel of the format's own that
+    /// computes several rows together: `out[i]` = row i · `a` in `order`, each output what
+    /// [`Kernels::dot_4rows`] gives it. Returns how many of the first rows it wrote (whole
+    /// groups); the default writes none, and [`dot_rows`](super::dot_rows) takes the rest four
+    /// rows at a time.
+    #[inline(always)]
+    fn gemv_rows(
+        _rows: &[u8],
+        _row_bytes: usize,
+        _a: &[ActBlock<Self>],
+        _order: DotOrder,
+        _out: &mut [f32],
+    ) -> usize {
+        0
+    }
     /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
     /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
     /// other order each result must be bit-identical to [`Kernels::dot`] (so a format shares

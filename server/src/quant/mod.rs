@@ -211,11 +211,29 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
     with_isa!(I => with_weight!(w, W => match order {
         DotOrder::VecDot => rows_4_of::<W, I>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
         DotOrder::Tiled => rows_4_of::<W, I>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
-        DotOrder::Repacked => {
-            rows_4_of::<W, I>(DotOrder::Repacked, row_bytes, rows, blocks(act), out)
-        }
-        DotOrder::Free => rows_4_of::<W, I>(DotOrder::Free, row_bytes, rows, blocks(act), out),
+        DotOrder::Repacked => gemv_of::<W, I>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
+        DotOrder::Free => gemv_of::<W, I>(DotOrder::Free, row_bytes, rows, blocks(act), out),
     }))
+}
+
+/// The rows of [`dot_rows`] by the format's own mat-vec ([`Kernels::gemv_rows`]) as far as it
+/// goes, the rest by [`rows_4_of`].
+#[inline(always)]
+fn gemv_of<W: Kernels<I>, I: Isa>(
+    order: DotOrder,
+    row_bytes: usize,
+    rows: &[u8],
+    act: &[ActBlock<W>],
+    out: &mut [f32],
+) {
+    let done = W::gemv_rows(rows, row_bytes, act, order, out);
+    rows_4_of::<W, I>(
+        order,
+        row_bytes,
+        &rows[done * row_bytes..],
+        act,
+        &mut out[done..],
+    );
 }
 
 /// The rows of [`dot_rows`], four at a time through the format's four-row kernel
@@ -260,7 +278,7 @@ const PREFETCH_ROWS: usize = 2;
 /// tok/s with `prefetcht0`, 26.2-27.3 with `prefetcht1`). AMD's optimisation guides have
 /// the T0/T1/T2 hints all load into L1 before Zen 4, so the appliance's Zen 1 sees no change.
 #[inline(always)]
-fn prefetch(bytes: &[u8]) {
+pub(crate) fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     for offset in (0..bytes.len()).step_by(64) {
         // SAFETY: a prefetch only hints the cache and never faults; the address is in bounds.

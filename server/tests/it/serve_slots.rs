@@ -117,6 +117,32 @@ fn two_conversations_on_two_slots_each_keep_their_own() {
 }
 
 #[test]
+fn a_repeated_request_finds_its_slot_though_the_answer_outgrew_the_prompt() {
+    // Two slots, one empty: the cache holding the prompt and an answer longer than it must
+    // still be preferred to the empty slot (a regenerate button, a retried request).
+    let s = App::start(AppConfig {
+        slots: Slots {
+            parallel: 2,
+            n_ctx: 512,
+            queue: 4,
+        },
+        ..AppConfig::default()
+    });
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 48,
+                      "temperature": 0});
+    let first = ask(&s, &body);
+    let n = prompt_tokens(&first);
+    let generated = first["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(
+        generated > n,
+        "the answer ({generated}) must outgrow the prompt ({n})"
+    );
+    let second = ask(&s, &body);
+    assert_eq!(cached(&second), n - 1, "all but the last prompt token");
+    assert_eq!(answer(&second), answer(&first), "greedy answers differ");
+}
+
+#[test]
 fn concurrent_requests_answer_exactly_as_alone() {
     let s = App::start(AppConfig {
         threads: 2,

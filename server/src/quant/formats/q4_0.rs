@@ -48,6 +48,7 @@ avx2! {
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
     use crate::quant::simd::block32::{self, SignedBlock32};
+    use crate::quant::simd::gemv_nibbles;
     use crate::quant::simd::panel;
     use crate::quant::simd::nibbles_32;
     use crate::quant::DotOrder;
@@ -85,6 +86,26 @@ avx2! {
             outs: &mut [&mut [f32]],
         ) -> bool {
             panel::rows::<Self, I>(rows, row_bytes, acts, order, outs)
+        }
+
+        /// [`gemv_nibbles::rows`], eight rows at a time, in the repacked order. (Not where
+        /// the order is free: there several activation rows take `dot_4rows_n`, whose order a
+        /// single row must share.) With VNNI the four-row kernel's `vpdpbusd` stays.
+        #[inline]
+        fn gemv_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: &[BlockQ8_0],
+            order: DotOrder,
+            out: &mut [f32],
+        ) -> usize {
+            match order {
+                // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then).
+                DotOrder::Repacked if !I::VNNI => unsafe {
+                    gemv_nibbles::rows(rows, row_bytes, a, out)
+                },
+                _ => 0,
+            }
         }
 
         #[inline]

@@ -17,6 +17,7 @@ use super::isa::Isa;
 
 pub mod block32;
 pub mod float;
+pub mod gemv_nibbles;
 pub mod iq4;
 pub mod panel;
 pub mod panel_gemm;
