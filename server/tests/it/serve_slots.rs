@@ -128,7 +128,7 @@ fn a_repeated_request_finds_its_slot_though_the_answer_outgrew_the_prompt() {
         },
         ..AppConfig::default()
     });
-    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 48,
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 128,
                       "temperature": 0});
     let first = ask(&s, &body);
     let n = prompt_tokens(&first);
