@@ -31,6 +31,18 @@ fn prompt_tokens(v: &Value) -> u64 {
     v["usage"]["prompt_tokens"].as_u64().unwrap()
 }
 
+/// A server of two slots of 512 tokens.
+fn two_slots() -> App {
+    App::start(AppConfig {
+        slots: Slots {
+            parallel: 2,
+            n_ctx: 512,
+            queue: 4,
+        },
+        ..AppConfig::default()
+    })
+}
+
 fn answer(v: &Value) -> &str {
     v["choices"][0]["message"]["content"].as_str().unwrap()
 }
@@ -93,14 +105,7 @@ fn the_next_turn_of_a_chat_reuses_the_whole_conversation() {
 
 #[test]
 fn two_conversations_on_two_slots_each_keep_their_own() {
-    let s = App::start(AppConfig {
-        slots: Slots {
-            parallel: 2,
-            n_ctx: 512,
-            queue: 4,
-        },
-        ..AppConfig::default()
-    });
+    let s = two_slots();
     let a = chat(
         json!([{"role": "user", "content": "Alpha alpha alpha, a long question about apples and pears"}]),
     );
@@ -120,14 +125,7 @@ fn two_conversations_on_two_slots_each_keep_their_own() {
 fn a_repeated_request_finds_its_slot_though_the_answer_outgrew_the_prompt() {
     // Two slots, one empty: the cache holding the prompt and an answer longer than it must
     // still be preferred to the empty slot (a regenerate button, a retried request).
-    let s = App::start(AppConfig {
-        slots: Slots {
-            parallel: 2,
-            n_ctx: 512,
-            queue: 4,
-        },
-        ..AppConfig::default()
-    });
+    let s = two_slots();
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 128,
                       "temperature": 0});
     let first = ask(&s, &body);
