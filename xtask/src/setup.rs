@@ -112,9 +112,13 @@ pub fn ensure_debian(sh: &Shell, needs: &[Need]) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    if !is_root(sh) {
+    let install_args = || -> Vec<String> {
         let mut args: Vec<String> = missing.iter().map(|name| name.to_string()).collect();
         args.extend(qemu_pin(sh, &missing));
+        args
+    };
+    if !is_root(sh) {
+        let args = install_args();
         bail!(
             "missing Debian packages: {}\nrun: sudo apt-get update && sudo apt-get install -y --allow-downgrades {}",
             missing.join(" "),
@@ -126,8 +130,7 @@ pub fn ensure_debian(sh: &Shell, needs: &[Need]) -> Result<()> {
     cmd!(sh, "apt-get update -qq")
         .run()
         .context("apt-get update failed")?;
-    let mut args: Vec<String> = missing.iter().map(|name| name.to_string()).collect();
-    args.extend(qemu_pin(sh, &missing));
+    let args = install_args();
     let command = format!("apt-get install -y --allow-downgrades {}", args.join(" "));
     eprintln!("    installing {}", args.join(" "));
     cmd!(sh, "apt-get install -y -qq --allow-downgrades {args...}")

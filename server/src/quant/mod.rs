@@ -209,8 +209,8 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
     // One loop per order, so the kernel's choice of order is made outside it.
     with_isa!(I => with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_4_of::<W, I>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
-        DotOrder::Tiled => rows_4_of::<W, I>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
+        DotOrder::VecDot => gemv_of::<W, I>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
+        DotOrder::Tiled => gemv_of::<W, I>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
         DotOrder::Repacked => gemv_of::<W, I>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
         DotOrder::Free => gemv_of::<W, I>(DotOrder::Free, row_bytes, rows, blocks(act), out),
     }))
