@@ -2,18 +2,21 @@
 //! weights read: every weight type of the format table, each a matrix the size of the Gemma 3
 //! 270M LM head (262144 × 640 Q8_0, 178 MB), by default with rows of 2048 values (the model's FFN
 //! width; a whole number of blocks of every type) or as given: `q8_0:640` benches Q8_0 rows of 640
-//! values (the LM head itself). Decode is bandwidth-bound, so compare with the machine's
-//! single-core read bandwidth (about 11 GB/s on the target VM kind).
+//! values (the LM head itself). Rows go through `dot_rows` in the float order decode gives such a
+//! matrix (`DotOrder::of` for one activation row), or the one named third: `q8_0:640:free` is the
+//! LM head as decode computes it. Decode is bandwidth-bound, so compare with the machine's
+//! single-core read bandwidth (`llm-server bench --read-bandwidth`; about 11 GB/s on the target
+//! VM kind).
 //!
 //! Other processes on a shared machine stretch the wall-clock time, so the kernel's own rate is
 //! also given per second of this thread's on-CPU time (`/proc/thread-self/schedstat`).
 //!
-//! `cargo run -p llm-server --release --example kernel_bench [-- TYPE:N ...]`
+//! `cargo run -p llm-server --release --example kernel_bench [-- TYPE:N[:ORDER] ...]`
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use llm_server::quant::{quantize_row_for, random_row, vec_dot, vec_dot_type, DotOrder, GgmlType};
+use llm_server::quant::{dot_rows, quantize_row_for, random_row, vec_dot_type, DotOrder, GgmlType};
 
 /// Bytes of the weight matrix per case: the size of the Q8_0 LM head.
 const MATRIX_BYTES: usize = 262_144 * 680;
@@ -39,9 +42,11 @@ fn on_cpu() -> Duration {
     Duration::from_nanos(ns)
 }
 
-fn bench(ty: GgmlType, n: usize, seed: &mut u64) {
+fn bench(ty: GgmlType, n: usize, order: Option<DotOrder>, seed: &mut u64) {
     let row_bytes = ty.row_bytes(n).unwrap();
-    let rows = MATRIX_BYTES / row_bytes;
+    // Whole groups of eight rows, as every model's matrices come.
+    let rows = MATRIX_BYTES / row_bytes / 8 * 8;
+    let order = order.unwrap_or(DotOrder::of(ty, rows, 1));
     // Small scales keep NaN and subnormal arithmetic (slow on some CPUs) out of the timing.
     let matrix = random_row(ty, n * rows, 0.01, &mut || next(seed));
     let x: Vec<f32> = (0..n)
@@ -55,9 +60,7 @@ fn bench(ty: GgmlType, n: usize, seed: &mut u64) {
     let (mut wall, mut cpu) = (Duration::MAX, Duration::MAX);
     for _ in 0..PASSES {
         let (start, start_cpu) = (Instant::now(), on_cpu());
-        for (o, row) in out.iter_mut().zip(matrix.chunks_exact(row_bytes)) {
-            *o = vec_dot(ty, DotOrder::VecDot, n, row, &act);
-        }
+        dot_rows(ty, order, n, &matrix, &act, &mut out);
         black_box(&out);
         wall = wall.min(start.elapsed());
         cpu = cpu.min(on_cpu() - start_cpu);
@@ -65,7 +68,7 @@ fn bench(ty: GgmlType, n: usize, seed: &mut u64) {
     let gbs = |t: Duration| matrix.len() as f64 / t.as_secs_f64() / 1e9;
     println!(
         "{:>15} {rows:>7} x {n:<4} {:>6.1} MB  wall {:>6.2} ms {:>5.2} GB/s  on-CPU {:>6.2} ms {:>5.2} GB/s {:>5.1} ns/row",
-        format!("{ty} x {act_ty}"),
+        format!("{ty} x {act_ty} {order:?}"),
         matrix.len() as f64 / 1e6,
         wall.as_secs_f64() * 1e3,
         gbs(wall),
@@ -76,24 +79,45 @@ fn bench(ty: GgmlType, n: usize, seed: &mut u64) {
 }
 
 fn main() {
-    let cases: Vec<(GgmlType, usize)> = std::env::args()
+    let cases: Vec<_> = std::env::args()
         .skip(1)
-        .map(|arg| {
-            let parsed = arg.split_once(':').and_then(|(name, n)| {
-                let ty = GgmlType::SUPPORTED.into_iter().find(|t| t.name() == name)?;
-                Some((ty, n.parse().ok()?)).filter(|&(ty, n)| ty.row_bytes(n).is_some())
-            });
-            parsed.unwrap_or_else(|| panic!("{arg}: expected TYPE:N, N a whole number of blocks"))
-        })
+        .map(|arg| parse_case(&arg))
         .collect();
     let cases = if cases.is_empty() {
-        GgmlType::SUPPORTED.map(|ty| (ty, 2048)).to_vec()
+        GgmlType::SUPPORTED.map(|ty| (ty, 2048, None)).to_vec()
     } else {
         cases
     };
     let mut seed = 0x5eed;
     println!("best of {PASSES} single-threaded passes over each matrix");
-    for (ty, n) in cases {
-        bench(ty, n, &mut seed);
+    for (ty, n, order) in cases {
+        bench(ty, n, order, &mut seed);
+    }
+}
+
+/// `TYPE:N[:ORDER]`; exits naming the expected form on anything else.
+fn parse_case(arg: &str) -> (GgmlType, usize, Option<DotOrder>) {
+    let mut parts = arg.split(':');
+    let ty = parts
+        .next()
+        .and_then(|name| GgmlType::SUPPORTED.into_iter().find(|t| t.name() == name));
+    let n = parts.next().and_then(|n| n.parse().ok());
+    let order = match parts.next() {
+        None => Some(None),
+        Some("vecdot") => Some(Some(DotOrder::VecDot)),
+        Some("repacked") => Some(Some(DotOrder::Repacked)),
+        Some("tiled") => Some(Some(DotOrder::Tiled)),
+        Some("free") => Some(Some(DotOrder::Free)),
+        Some(_) => None,
+    };
+    match (ty, n, order, parts.next()) {
+        (Some(ty), Some(n), Some(order), None) if ty.row_bytes(n).is_some() => (ty, n, order),
+        _ => {
+            eprintln!(
+                "{arg}: expected TYPE:N[:ORDER], N a whole number of the type's blocks, ORDER one \
+                 of vecdot, repacked, tiled, free"
+            );
+            std::process::exit(2)
+        }
     }
 }

@@ -48,7 +48,7 @@ avx2! {
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
     use crate::quant::blocks::f16_to_f32;
-    use crate::quant::simd::block32::{self, SignedBlock32};
+    use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
     use crate::quant::simd::panel;
     use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::{dpbusd_mem, iq4nl_grid, nibbles_32};
@@ -133,6 +133,28 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Iq4Nl {
+        /// Repacked, [`block32::repacked_4rows`] quad by quad, each requesting the next as it
+        /// goes ([`block32::rows_ahead`]); the other orders read rows one by one.
+        #[inline]
+        fn gemv_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: &[BlockQ8_0],
+            order: DotOrder,
+            out: &mut [f32],
+        ) -> usize {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
+            // kernels check the lengths they rely on.
+            unsafe {
+                match order {
+                    DotOrder::Repacked => {
+                        block32::rows_ahead::<I, BlockIq4Nl>(FourRows::Repacked, rows, row_bytes, a, out)
+                    }
+                    _ => 0,
+                }
+            }
+        }
+
         /// [`block32::dot_rows_tiled`] in the repacked order (the two-chain vec_dot goes row by
         /// row).
         #[inline]

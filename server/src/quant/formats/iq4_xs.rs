@@ -73,7 +73,9 @@ avx2! {
 
     use crate::quant::format::{dot_n_by_row, Kernels};
     use crate::quant::isa::{Avx2, Isa};
-    use crate::quant::simd::super_block::{broadcast_i16_mask, scaled_dot, scaled_dot_n, ScaledBlock};
+    use crate::quant::simd::super_block::{
+        broadcast_i16_mask, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
+    };
     use crate::quant::simd::iq4::{self, broadcast_f16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32, panel_tiled};
     use crate::quant::DotOrder;
@@ -224,6 +226,27 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Iq4Xs {
+        /// [`scaled_rows`]: row by row, each row's [`Kernels::dot`], requesting the rows ahead
+        /// as it goes.
+        #[inline]
+        fn gemv_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: &[BlockQ8K],
+            order: DotOrder,
+            out: &mut [f32],
+        ) -> usize {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then);
+            // `scaled_rows` checks the lengths it relies on.
+            unsafe {
+                if I::VNNI {
+                    scaled_rows(rows, row_bytes, a, order, out, |b: &BlockIq4Xs, y| b.sumi_n::<I, 1>(y))
+                } else {
+                    scaled_rows(rows, row_bytes, a, order, out, |b: &BlockIq4Xs, [y]| [b.sumi(y)])
+                }
+            }
+        }
+
         #[inline]
         fn dot(w: &[BlockIq4Xs], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load

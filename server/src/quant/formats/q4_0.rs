@@ -47,7 +47,7 @@ avx2! {
 
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
-    use crate::quant::simd::block32::{self, SignedBlock32};
+    use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
     use crate::quant::simd::gemv_nibbles;
     use crate::quant::simd::panel;
     use crate::quant::simd::nibbles_32;
@@ -88,9 +88,11 @@ avx2! {
             panel::rows::<Self, I>(rows, row_bytes, acts, order, outs)
         }
 
-        /// [`gemv_nibbles::rows`], eight rows at a time, in the repacked order. (Not where
-        /// the order is free: there several activation rows take `dot_4rows_n`, whose order a
-        /// single row must share.) With VNNI the four-row kernel's `vpdpbusd` stays.
+        /// Repacked, [`gemv_nibbles::rows`], eight rows at a time (with VNNI the four-row
+        /// kernel's `vpdpbusd` stays); otherwise [`Kernels::dot_4rows`]' kernels quad by quad,
+        /// each requesting the next as it goes ([`block32::rows_ahead`]). (Not eight rows
+        /// where the order is free: there several activation rows take `dot_4rows_n`, whose
+        /// order a single row must share.)
         #[inline]
         fn gemv_rows(
             rows: &[u8],
@@ -99,12 +101,28 @@ avx2! {
             order: DotOrder,
             out: &mut [f32],
         ) -> usize {
-            match order {
-                // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then).
-                DotOrder::Repacked if !I::VNNI => unsafe {
-                    gemv_nibbles::rows(rows, row_bytes, a, out)
-                },
-                _ => 0,
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
+            // kernels check the lengths they rely on.
+            unsafe {
+                let kernel = match order {
+                    DotOrder::Repacked if !I::VNNI => {
+                        let done = gemv_nibbles::rows(rows, row_bytes, a, out);
+                        // Rows wider than its table go on four at a time.
+                        let rest = &mut out[done..];
+                        return done
+                            + block32::rows_ahead::<I, BlockQ4_0>(
+                                FourRows::Repacked,
+                                &rows[done * row_bytes..],
+                                row_bytes,
+                                a,
+                                rest,
+                            );
+                    }
+                    DotOrder::Repacked => FourRows::Repacked,
+                    DotOrder::Free => FourRows::Free,
+                    _ => FourRows::Exact,
+                };
+                block32::rows_ahead::<I, BlockQ4_0>(kernel, rows, row_bytes, a, out)
             }
         }
 

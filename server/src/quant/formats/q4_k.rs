@@ -66,7 +66,8 @@ avx2! {
     };
     use crate::quant::simd::panel_k4;
     use crate::quant::simd::{
-        dpwssd, fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256,
+        dpwssd, fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256, quads_ahead,
+        request_next,
     };
     use crate::quant::DotOrder;
 
@@ -148,6 +149,28 @@ avx2! {
             }
         }
 
+        /// Repacked, [`gemv_4rows`] quad by quad, requesting the next quad as it goes
+        /// ([`quads_ahead`]). Not inlined, as
+        /// [`rows_ahead`](crate::quant::simd::block32::rows_ahead) is not.
+        #[inline(never)]
+        fn gemv_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: &[BlockQ8K],
+            order: DotOrder,
+            out: &mut [f32],
+        ) -> usize {
+            match order {
+                // SAFETY: as in `dot_x4`; `quads_ahead` checks the lengths.
+                DotOrder::Repacked => unsafe {
+                    quads_ahead(rows, row_bytes, a.len(), out, |w, next| {
+                        gemv_4rows_ahead::<I>(w, next, a)
+                    })
+                },
+                _ => 0,
+            }
+        }
+
         /// vec_dot takes the min term in four float lanes ([`LaneMins`]); repacked is
         /// [`gemv_n`].
         #[inline]
@@ -217,10 +240,22 @@ avx2! {
     /// four; the activation's sub-block sums and scale are taken once.
     #[inline(always)]
     unsafe fn gemv_4rows<I: Isa>(w: [&[BlockQ4K]; 4], a: &[BlockQ8K]) -> [f32; 4] {
+        gemv_4rows_ahead::<I>(w, None, a)
+    }
+
+    /// [`gemv_4rows`], requesting the `next` rows' super-block i as it reads its own.
+    #[inline(always)]
+    unsafe fn gemv_4rows_ahead<I: Isa>(
+        w: [&[BlockQ4K]; 4],
+        next: Option<[&[BlockQ4K]; 4]>,
+        a: &[BlockQ8K],
+    ) -> [f32; 4] {
         let n = a.len();
         assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+        assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
         let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
         for (i, y) in a.iter().enumerate() {
+            request_next(next, i);
             // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
             let b = w.map(|w| w.get_unchecked(i));
             let sub_sums = k4_sub_sums(y);

@@ -78,7 +78,7 @@ avx2! {
     use crate::quant::format::{dot_n_by_row, Kernels};
     use crate::quant::isa::{Avx2, Isa};
     use crate::quant::simd::super_block::{
-        check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, ScaledBlock,
+        check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
     };
     use crate::quant::simd::{dpwssd, load128, load256, panel_tiled};
     use crate::quant::DotOrder;
@@ -187,6 +187,27 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Q6K {
+        /// [`scaled_rows`]: row by row, each row's [`Kernels::dot`], requesting the rows ahead
+        /// as it goes.
+        #[inline]
+        fn gemv_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: &[BlockQ8K],
+            order: DotOrder,
+            out: &mut [f32],
+        ) -> usize {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then);
+            // `scaled_rows` checks the lengths it relies on.
+            unsafe {
+                if I::VNNI {
+                    scaled_rows(rows, row_bytes, a, order, out, |b: &BlockQ6K, y| b.sumi_n::<I, 1>(y))
+                } else {
+                    scaled_rows(rows, row_bytes, a, order, out, |b: &BlockQ6K, [y]| [b.sumi(y)])
+                }
+            }
+        }
+
         #[inline]
         fn dot(w: &[BlockQ6K], a: &[BlockQ8K], order: DotOrder) -> f32 {
             if I::VNNI {

@@ -101,7 +101,7 @@ avx2! {
 
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
-    use crate::quant::simd::block32::{self, SignedBlock32};
+    use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
     use crate::quant::simd::load256;
     use crate::quant::DotOrder;
 
@@ -118,6 +118,27 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Q8_0 {
+        /// [`Kernels::dot_4rows`]' kernels quad by quad, each requesting the next as it goes
+        /// ([`block32::rows_ahead`]).
+        #[inline]
+        fn gemv_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: &[BlockQ8_0],
+            order: DotOrder,
+            out: &mut [f32],
+        ) -> usize {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
+            // kernels check the lengths they rely on.
+            unsafe {
+                let kernel = match order {
+                    DotOrder::Free => FourRows::Free,
+                    _ => FourRows::Exact,
+                };
+                block32::rows_ahead::<I, BlockQ8_0>(kernel, rows, row_bytes, a, out)
+            }
+        }
+
         // [`block32::dot_rows_tiled`]: the activation scales converted once for all the rows.
         block32::tiled_rows!(plain_vec_dot: true);
 

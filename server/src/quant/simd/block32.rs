@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::{dpbusd, fma_scaled, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
+use super::{dpbusd, fma_scaled, quads_ahead, request_next, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
 use crate::quant::blocks::{f16_to_f32, Block};
 use crate::quant::format::{dot_x4_rows_by_row, Kernels, WeightRow};
 use crate::quant::isa::Isa;
@@ -123,11 +123,23 @@ unsafe fn scales_4rows<B: SignedBlock32>(b: [&B; 4], d_a: f32) -> __m128 {
 /// conversion and one multiply.
 #[inline(always)]
 pub unsafe fn vec_dot_4rows_exact<I: Isa, B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    exact_4rows_ahead::<I, B>(w, None, a)
+}
+
+/// [`vec_dot_4rows_exact`], requesting the `next` quad's block i while it reads its own.
+#[inline(always)]
+unsafe fn exact_4rows_ahead<I: Isa, B: SignedBlock32>(
+    w: [&[B]; 4],
+    next: Option<[&[B]; 4]>,
+    a: &[BlockQ8_0],
+) -> [f32; 4] {
     let n = a.len();
     assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
     let lane = [0, 1, 2, 3].map(|r| _mm256_set1_epi32(r));
     let mut acc = [_mm256_setzero_ps(); 4];
     for (i, ab) in a.iter().enumerate() {
+        request_next(next, i);
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
         let aq = load256(ab.qs.as_ptr().cast());
@@ -151,10 +163,22 @@ pub unsafe fn vec_dot_4rows_exact<I: Isa, B: SignedBlock32>(w: [&[B]; 4], a: &[B
 /// are reduced together ([`hsum_i32_x4`]) and the four FMAs are one.
 #[inline(always)]
 pub unsafe fn repacked_4rows<I: Isa, B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
+    repacked_4rows_ahead::<I, B>(w, None, a)
+}
+
+/// [`repacked_4rows`], requesting the `next` quad's block i while it reads its own.
+#[inline(always)]
+unsafe fn repacked_4rows_ahead<I: Isa, B: SignedBlock32>(
+    w: [&[B]; 4],
+    next: Option<[&[B]; 4]>,
+    a: &[BlockQ8_0],
+) -> [f32; 4] {
     let n = a.len();
     assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
     let mut acc = _mm_setzero_ps();
     for (i, ab) in a.iter().enumerate() {
+        request_next(next, i);
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
         let aq = load256(ab.qs.as_ptr().cast());
@@ -190,13 +214,66 @@ pub unsafe fn vec_dot_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: [&[B]; 4],
     a: [&[BlockQ8_0]; N],
 ) -> [[f32; 4]; N] {
+    four_rows_free::<I, B, N>(w, None, a)
+}
+
+/// Decode's mat-vec through the four-row kernels: `out[i]` = row i · `a` for the rows in whole
+/// quads, each bit-identical to what `kernel`'s four-row kernel without the request gives it,
+/// while every quad requests the next quad's lines as it goes ([`quads_ahead`]). Returns how
+/// many rows it wrote; the caller takes the rest.
+// Not inlined: in a function of its own the compiler inlines the kernel's helpers (the maps
+// over the rows) into the loop; inlined into `dot_rows`' dispatch, which holds every order's
+// kernels, they were left as calls (Q4_0 decode -25 %).
+#[inline(never)]
+pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
+    kernel: FourRows,
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[BlockQ8_0],
+    out: &mut [f32],
+) -> usize {
+    let n = a.len();
+    match kernel {
+        FourRows::Free => quads_ahead(rows, row_bytes, n, out, |w, next| {
+            let [r] = four_rows_free::<I, B, 1>(w, next, [a]);
+            r
+        }),
+        FourRows::Exact => quads_ahead(rows, row_bytes, n, out, |w, next| {
+            exact_4rows_ahead::<I, B>(w, next, a)
+        }),
+        FourRows::Repacked => quads_ahead(rows, row_bytes, n, out, |w, next| {
+            repacked_4rows_ahead::<I, B>(w, next, a)
+        }),
+    }
+}
+
+/// The four-row kernels of [`rows_ahead`].
+#[derive(Clone, Copy)]
+pub enum FourRows {
+    /// [`vec_dot_4rows`] (the free order).
+    Free,
+    /// [`vec_dot_4rows_exact`] (vec_dot's order).
+    Exact,
+    /// [`repacked_4rows`].
+    Repacked,
+}
+
+/// [`vec_dot_4rows_n`], requesting the `next` quad's block i while it reads its own block i.
+#[inline(always)]
+unsafe fn four_rows_free<I: Isa, B: SignedBlock32, const N: usize>(
+    w: [&[B]; 4],
+    next: Option<[&[B]; 4]>,
+    a: [&[BlockQ8_0]; N],
+) -> [[f32; 4]; N] {
     let n = w[0].len();
     assert!(
         w.iter().all(|w| w.len() == n) && a.iter().all(|a| a.len() == n),
         "rows of unequal length"
     );
+    assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
     let mut acc = [_mm256_setzero_ps(); N];
     for i in 0..n {
+        request_next(next, i);
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
         let wq = b.map(|b| if I::VNNI { vnni_unsigned(b) } else { b.quants() });

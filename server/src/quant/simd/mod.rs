@@ -13,6 +13,7 @@
 
 use std::arch::x86_64::*;
 
+use super::blocks::{blocks, Block};
 use super::isa::Isa;
 
 pub mod block32;
@@ -24,6 +25,80 @@ pub mod panel_gemm;
 pub mod panel_k4;
 pub mod panel_tiled;
 pub mod super_block;
+
+/// Decode's mat-vec by a four-row kernel: `out[i]` = row i's result for the rows of `rows`
+/// (`row_bytes` each, `n` blocks of `B`) in whole quads, `kernel(quad, next)` computing one quad
+/// while it requests the lines of the `next` (see [`request_block`]). Returns how many rows it
+/// wrote: the quads, or none when the lengths do not fit; the caller takes the rest.
+///
+/// The rows are streams too short for the hardware prefetcher to ramp up on, and requesting a
+/// whole quad's lines at once stalls on the core's few miss buffers; requested block by block,
+/// one quad ahead, the loads keep streaming (the default model's Q8_0 LM head in decode:
+/// +18-35 % tok/s, 1 thread, Zen 3).
+#[inline(always)]
+pub unsafe fn quads_ahead<B: Block>(
+    rows: &[u8],
+    row_bytes: usize,
+    n: usize,
+    out: &mut [f32],
+    kernel: impl Fn([&[B]; 4], Option<[&[B]; 4]>) -> [f32; 4],
+) -> usize {
+    let quad = 4 * row_bytes;
+    if row_bytes != n * size_of::<B>() || rows.len() != row_bytes * out.len() {
+        return 0;
+    }
+    let quad_rows = |q: usize| -> Option<[&[B]; 4]> {
+        let bytes = rows.get(q * quad..(q + 1) * quad)?;
+        Some(std::array::from_fn(|r| blocks(&bytes[r * row_bytes..(r + 1) * row_bytes])))
+    };
+    if let Some(first) = rows.get(..quad) {
+        crate::quant::prefetch(first);
+    }
+    for (q, o) in out.chunks_exact_mut(4).enumerate() {
+        o.copy_from_slice(&kernel(quad_rows(q).expect("whole quads"), quad_rows(q + 1)));
+    }
+    out.len() / 4 * 4
+}
+
+/// Requests every cache line of block `b` into L1: one request per 64 bytes and one for its
+/// last byte (a block need not start a line). A prefetch only hints the cache and never faults.
+#[inline(always)]
+pub fn request_block<B>(b: &B) {
+    let p = (b as *const B).cast::<i8>();
+    // SAFETY: the offsets stay inside the block.
+    unsafe {
+        for offset in (0..size_of::<B>()).step_by(64) {
+            _mm_prefetch(p.add(offset), _MM_HINT_T0);
+        }
+        _mm_prefetch(p.add(size_of::<B>() - 1), _MM_HINT_T0);
+    }
+}
+
+/// Requests block i of each of the `next` rows: what a four-row kernel given [`quads_ahead`]'s
+/// next quad does as it reads its own block i. Blocks under a line are requested by their last
+/// byte every `64 / size` blocks (at most a line apart, so no line is skipped), the first block
+/// also by its first; larger ones by every line ([`request_block`]).
+#[inline(always)]
+pub unsafe fn request_next<B>(next: Option<[&[B]; 4]>, i: usize) {
+    let Some(next) = next else { return };
+    let size = size_of::<B>();
+    if size >= 64 {
+        for x in next {
+            // SAFETY (get_unchecked): the kernels assert that the next rows are as long as
+            // theirs, and i is below that.
+            request_block(x.get_unchecked(i));
+        }
+    } else if i % (64 / size) == 0 {
+        for x in next {
+            // SAFETY: as above; the offsets stay inside block i, and a prefetch never faults.
+            let p = x.as_ptr().add(i).cast::<i8>();
+            if i == 0 {
+                _mm_prefetch(p, _MM_HINT_T0);
+            }
+            _mm_prefetch(p.add(size - 1), _MM_HINT_T0);
+        }
+    }
+}
 
 /// Horizontal sum of eight f32 lanes.
 #[inline(always)]
