@@ -142,6 +142,19 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
     ) -> usize {
         0
     }
+    /// [`Kernels::gemv_rows`] for `N` (2..=4) activation rows (a batch of streams):
+    /// `outs[t][i]` = row i · `a[t]`, each what [`Kernels::dot_4rows_n`] gives it, in
+    /// [`DotOrder::Free`] (the other orders go row by row). Returns how many of the first rows
+    /// it wrote (whole quads); the default writes none.
+    #[inline(always)]
+    fn gemv_rows_n<const N: usize>(
+        _rows: &[u8],
+        _row_bytes: usize,
+        _a: [&[ActBlock<Self>]; N],
+        _outs: &mut [&mut [f32]],
+    ) -> usize {
+        0
+    }
     /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
     /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
     /// other order each result must be bit-identical to [`Kernels::dot`] (so a format shares

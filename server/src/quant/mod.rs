@@ -538,10 +538,12 @@ fn rows_4_n_of<W: Kernels<I>, I: Isa, const N: usize>(
     outs: &mut [&mut [f32]],
 ) {
     let order = DotOrder::Free;
+    // The format's own mat-vec first, as far as it goes (whole quads).
+    let done = W::gemv_rows_n(rows, row_bytes, acts, outs);
     let quads = rows.chunks_exact(4 * row_bytes);
     let rest = quads.remainder();
     let n_quads = rows.len() / (4 * row_bytes);
-    for (q, quad) in quads.enumerate() {
+    for (q, quad) in quads.enumerate().skip(done / 4) {
         let ahead = (q + 1) * 4 * row_bytes + PREFETCH_ROWS * row_bytes;
         if let Some(ahead) = rows.get(ahead..ahead + 4 * row_bytes) {
             prefetch(ahead);

@@ -163,8 +163,9 @@ avx2! {
             match order {
                 // SAFETY: as in `dot_x4`; `quads_ahead` checks the lengths.
                 DotOrder::Repacked => unsafe {
-                    quads_ahead(rows, row_bytes, a.len(), out, |w, next| {
-                        gemv_4rows_ahead::<I>(w, next, a)
+                    let n_rows = out.len();
+                    quads_ahead(rows, row_bytes, a.len(), n_rows, |i, w, next| {
+                        out[i..i + 4].copy_from_slice(&gemv_4rows_ahead::<I>(w, next, a))
                     })
                 },
                 _ => 0,

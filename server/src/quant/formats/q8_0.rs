@@ -142,6 +142,20 @@ avx2! {
         // [`block32::dot_rows_tiled`]: the activation scales converted once for all the rows.
         block32::tiled_rows!(plain_vec_dot: true);
 
+        /// [`block32::free_rows_n`]: the free order's quads for a batch of streams, each
+        /// requesting the next as it goes.
+        #[inline]
+        fn gemv_rows_n<const N: usize>(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8_0]; N],
+            outs: &mut [&mut [f32]],
+        ) -> usize {
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
+            // kernel checks the lengths it relies on.
+            unsafe { block32::free_rows_n::<I, BlockQ8_0, N>(rows, row_bytes, a, outs) }
+        }
+
         #[inline]
         fn dot(w: &[BlockQ8_0], a: &[BlockQ8_0], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay

@@ -221,9 +221,7 @@ pub unsafe fn vec_dot_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
 /// quads, each bit-identical to what `kernel`'s four-row kernel without the request gives it,
 /// while every quad requests the next quad's lines as it goes ([`quads_ahead`]). Returns how
 /// many rows it wrote; the caller takes the rest.
-// Not inlined: in a function of its own the compiler inlines the kernel's helpers (the maps
-// over the rows) into the loop; inlined into `dot_rows`' dispatch, which holds every order's
-// kernels, they were left as calls (Q4_0 decode -25 %).
+// Not inlined: see `quads_ahead`.
 #[inline(never)]
 pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
     kernel: FourRows,
@@ -232,19 +230,41 @@ pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
     a: &[BlockQ8_0],
     out: &mut [f32],
 ) -> usize {
-    let n = a.len();
+    let (n, n_rows) = (a.len(), out.len());
+    let mut store = |i: usize, r: [f32; 4]| out[i..i + 4].copy_from_slice(&r);
     match kernel {
-        FourRows::Free => quads_ahead(rows, row_bytes, n, out, |w, next| {
+        FourRows::Free => quads_ahead(rows, row_bytes, n, n_rows, |i, w, next| {
             let [r] = four_rows_free::<I, B, 1>(w, next, [a]);
-            r
+            store(i, r)
         }),
-        FourRows::Exact => quads_ahead(rows, row_bytes, n, out, |w, next| {
-            exact_4rows_ahead::<I, B>(w, next, a)
+        FourRows::Exact => quads_ahead(rows, row_bytes, n, n_rows, |i, w, next| {
+            store(i, exact_4rows_ahead::<I, B>(w, next, a))
         }),
-        FourRows::Repacked => quads_ahead(rows, row_bytes, n, out, |w, next| {
-            repacked_4rows_ahead::<I, B>(w, next, a)
+        FourRows::Repacked => quads_ahead(rows, row_bytes, n, n_rows, |i, w, next| {
+            store(i, repacked_4rows_ahead::<I, B>(w, next, a))
         }),
     }
+}
+
+/// [`rows_ahead`] in the free order for `N` activation rows (a batch of streams):
+/// `outs[t][i]` = row i · `a[t]`, each bit-identical to [`vec_dot_4rows_n`]'s (and so to the
+/// single-row [`vec_dot_4rows`]). Returns how many rows it wrote.
+#[inline(never)]
+pub unsafe fn free_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: [&[BlockQ8_0]; N],
+    outs: &mut [&mut [f32]],
+) -> usize {
+    let n_rows = outs.first().map_or(0, |o| o.len());
+    if outs.len() != N || outs.iter().any(|o| o.len() != n_rows) {
+        return 0;
+    }
+    quads_ahead(rows, row_bytes, a[0].len(), n_rows, |i, w, next| {
+        for (o, r) in outs.iter_mut().zip(four_rows_free::<I, B, N>(w, next, a)) {
+            o[i..i + 4].copy_from_slice(&r);
+        }
+    })
 }
 
 /// The four-row kernels of [`rows_ahead`].

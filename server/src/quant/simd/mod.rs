@@ -26,25 +26,31 @@ pub mod panel_k4;
 pub mod panel_tiled;
 pub mod super_block;
 
-/// Decode's mat-vec by a four-row kernel: `out[i]` = row i's result for the rows of `rows`
-/// (`row_bytes` each, `n` blocks of `B`) in whole quads, `kernel(quad, next)` computing one quad
-/// while it requests the lines of the `next` (see [`request_block`]). Returns how many rows it
-/// wrote: the quads, or none when the lengths do not fit; the caller takes the rest.
+/// Decode's mat-vec by a four-row kernel over the `n_rows` rows of `rows` (`row_bytes` each, `n`
+/// blocks of `B`) in whole quads: `kernel(i, quad, next)` computes rows i..i+4 and stores their
+/// results while it requests the lines of the `next` quad (see [`request_next`]). Returns how
+/// many rows it computed: the quads, or none when the lengths do not fit; the caller takes the
+/// rest.
 ///
 /// The rows are streams too short for the hardware prefetcher to ramp up on, and requesting a
 /// whole quad's lines at once stalls on the core's few miss buffers; requested block by block,
 /// one quad ahead, the loads keep streaming (the default model's Q8_0 LM head in decode:
 /// +18-35 % tok/s, 1 thread, Zen 3).
+///
+/// Its callers, decode's mat-vec entry points, are `#[inline(never)]`: in a function of its own
+/// the compiler inlines a kernel's helpers (the maps over the rows) into the loop; inlined into
+/// `dot_rows`' dispatch, which holds every order's kernels, they were left as calls (Q4_0
+/// decode -25 %).
 #[inline(always)]
 pub unsafe fn quads_ahead<B: Block>(
     rows: &[u8],
     row_bytes: usize,
     n: usize,
-    out: &mut [f32],
-    kernel: impl Fn([&[B]; 4], Option<[&[B]; 4]>) -> [f32; 4],
+    n_rows: usize,
+    mut kernel: impl FnMut(usize, [&[B]; 4], Option<[&[B]; 4]>),
 ) -> usize {
     let quad = 4 * row_bytes;
-    if row_bytes != n * size_of::<B>() || rows.len() != row_bytes * out.len() {
+    if row_bytes != n * size_of::<B>() || rows.len() != row_bytes * n_rows {
         return 0;
     }
     let quad_rows = |q: usize| -> Option<[&[B]; 4]> {
@@ -54,10 +60,11 @@ pub unsafe fn quads_ahead<B: Block>(
     if let Some(first) = rows.get(..quad) {
         crate::quant::prefetch(first);
     }
-    for (q, o) in out.chunks_exact_mut(4).enumerate() {
-        o.copy_from_slice(&kernel(quad_rows(q).expect("whole quads"), quad_rows(q + 1)));
+    let quads = n_rows / 4;
+    for q in 0..quads {
+        kernel(4 * q, quad_rows(q).expect("whole quads"), quad_rows(q + 1));
     }
-    out.len() / 4 * 4
+    4 * quads
 }
 
 /// Requests every cache line of block `b` into L1: one request per 64 bytes and one for its

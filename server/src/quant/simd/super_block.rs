@@ -352,9 +352,7 @@ pub unsafe fn scaled_dot_n<B: ScaledBlock, const N: usize>(
 /// exactly [`scaled_dot_n`] with `sumi`, while row i requests row i + [`AHEAD_ROWS`]'s
 /// super-block j as it reads its own j. Returns how many rows it wrote (all, or none when the
 /// lengths do not fit).
-// Not inlined: in a function of its own the compiler inlines the kernel's helpers (the maps
-// over the rows) into the loop; inlined into `dot_rows`' dispatch, which holds every order's
-// kernels, they were left as calls (Q4_0 decode -25 %).
+// Not inlined: see `quads_ahead`.
 #[inline(never)]
 pub unsafe fn scaled_rows<B: ScaledBlock + Block>(
     rows: &[u8],
