@@ -104,25 +104,19 @@ avx2! {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
             // kernels check the lengths they rely on.
             unsafe {
-                let kernel = match order {
-                    DotOrder::Repacked if !I::VNNI => {
-                        let done = gemv_nibbles::rows(rows, row_bytes, a, out);
-                        // Rows wider than its table go on four at a time.
-                        let rest = &mut out[done..];
-                        return done
-                            + block32::rows_ahead::<I, BlockQ4_0>(
-                                FourRows::Repacked,
-                                &rows[done * row_bytes..],
-                                row_bytes,
-                                a,
-                                rest,
-                            );
-                    }
-                    DotOrder::Repacked => FourRows::Repacked,
-                    DotOrder::Free => FourRows::Free,
-                    _ => FourRows::Exact,
+                // Eight rows at a time as far as they go (rows wider than its table: none),
+                // the rest four at a time.
+                let done = match order {
+                    DotOrder::Repacked if !I::VNNI => gemv_nibbles::rows(rows, row_bytes, a, out),
+                    _ => 0,
                 };
-                block32::rows_ahead::<I, BlockQ4_0>(kernel, rows, row_bytes, a, out)
+                let (rows, out) = (&rows[done * row_bytes..], &mut out[done..]);
+                done + match order {
+                    DotOrder::Repacked => {
+                        block32::rows_ahead::<I, BlockQ4_0>(FourRows::Repacked, rows, row_bytes, a, out)
+                    }
+                    _ => block32::free_or_exact_rows::<I, BlockQ4_0>(order, rows, row_bytes, a, out),
+                }
             }
         }
 

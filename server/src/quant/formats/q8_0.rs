@@ -101,7 +101,7 @@ avx2! {
 
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
-    use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
+    use crate::quant::simd::block32::{self, SignedBlock32};
     use crate::quant::simd::load256;
     use crate::quant::DotOrder;
 
@@ -118,43 +118,11 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Q8_0 {
-        /// [`Kernels::dot_4rows`]' kernels quad by quad, each requesting the next as it goes
-        /// ([`block32::rows_ahead`]).
-        #[inline]
-        fn gemv_rows(
-            rows: &[u8],
-            row_bytes: usize,
-            a: &[BlockQ8_0],
-            order: DotOrder,
-            out: &mut [f32],
-        ) -> usize {
-            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
-            // kernels check the lengths they rely on.
-            unsafe {
-                let kernel = match order {
-                    DotOrder::Free => FourRows::Free,
-                    _ => FourRows::Exact,
-                };
-                block32::rows_ahead::<I, BlockQ8_0>(kernel, rows, row_bytes, a, out)
-            }
-        }
+        // Decode's mat-vec: the four-row kernels, each quad requesting the next as it goes.
+        block32::free_or_exact_gemv!(BlockQ8_0);
 
         // [`block32::dot_rows_tiled`]: the activation scales converted once for all the rows.
         block32::tiled_rows!(plain_vec_dot: true);
-
-        /// [`block32::free_rows_n`]: the free order's quads for a batch of streams, each
-        /// requesting the next as it goes.
-        #[inline]
-        fn gemv_rows_n<const N: usize>(
-            rows: &[u8],
-            row_bytes: usize,
-            a: [&[BlockQ8_0]; N],
-            outs: &mut [&mut [f32]],
-        ) -> usize {
-            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
-            // kernel checks the lengths it relies on.
-            unsafe { block32::free_rows_n::<I, BlockQ8_0, N>(rows, row_bytes, a, outs) }
-        }
 
         #[inline]
         fn dot(w: &[BlockQ8_0], a: &[BlockQ8_0], _order: DotOrder) -> f32 {

@@ -246,6 +246,23 @@ pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
     }
 }
 
+/// [`rows_ahead`] for a format whose four-row kernels are [`vec_dot_4rows`] in the free order
+/// and [`vec_dot_4rows_exact`] in every other (Q8_0, Q5_0).
+#[inline(always)]
+pub unsafe fn free_or_exact_rows<I: Isa, B: SignedBlock32>(
+    order: DotOrder,
+    rows: &[u8],
+    row_bytes: usize,
+    a: &[BlockQ8_0],
+    out: &mut [f32],
+) -> usize {
+    let kernel = match order {
+        DotOrder::Free => FourRows::Free,
+        _ => FourRows::Exact,
+    };
+    rows_ahead::<I, B>(kernel, rows, row_bytes, a, out)
+}
+
 /// [`rows_ahead`] in the free order for `N` activation rows (a batch of streams):
 /// `outs[t][i]` = row i · `a[t]`, each bit-identical to [`vec_dot_4rows_n`]'s (and so to the
 /// single-row [`vec_dot_4rows`]). Returns how many rows it wrote.
@@ -426,6 +443,45 @@ macro_rules! tiled_rows {
     };
 }
 pub(crate) use tiled_rows;
+
+/// The [`Kernels::gemv_rows`] and [`Kernels::gemv_rows_n`] of a 32-value format whose four-row
+/// kernels are [`vec_dot_4rows`] in the free order and [`vec_dot_4rows_exact`] in every other
+/// (Q8_0, Q5_0): [`free_or_exact_rows`] and [`free_rows_n`], written once for the formats'
+/// `impl Kernels`.
+macro_rules! free_or_exact_gemv {
+    ($block:ty) => {
+        #[inline]
+        fn gemv_rows(
+            rows: &[u8],
+            row_bytes: usize,
+            a: &[$crate::quant::formats::q8_0::BlockQ8_0],
+            order: $crate::quant::DotOrder,
+            out: &mut [f32],
+        ) -> usize {
+            // SAFETY: the target has AVX2/FMA/F16C (the impls are compiled only then); the
+            // kernels check the lengths they rely on.
+            unsafe {
+                $crate::quant::simd::block32::free_or_exact_rows::<I, $block>(
+                    order, rows, row_bytes, a, out,
+                )
+            }
+        }
+
+        #[inline]
+        fn gemv_rows_n<const N: usize>(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[$crate::quant::formats::q8_0::BlockQ8_0]; N],
+            outs: &mut [&mut [f32]],
+        ) -> usize {
+            // SAFETY: as above.
+            unsafe {
+                $crate::quant::simd::block32::free_rows_n::<I, $block, N>(rows, row_bytes, a, outs)
+            }
+        }
+    };
+}
+pub(crate) use free_or_exact_gemv;
 
 /// [`Kernels::dot_x4_rows`] (`N` = 4) or [`Kernels::dot_x8_rows`] (`N` = 8, two groups of four
 /// computed together) of a 32-value format whose `dot_x4` is [`repacked_n`] in the repacked

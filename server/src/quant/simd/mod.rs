@@ -95,7 +95,7 @@ pub unsafe fn request_next<B>(next: Option<[&[B]; 4]>, i: usize) {
             // theirs, and i is below that.
             request_block(x.get_unchecked(i));
         }
-    } else if i % (64 / size) == 0 {
+    } else if i.is_multiple_of(64 / size) {
         for x in next {
             // SAFETY: as above; the offsets stay inside block i, and a prefetch never faults.
             let p = x.as_ptr().add(i).cast::<i8>();
