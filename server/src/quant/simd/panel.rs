@@ -25,7 +25,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::block32::SignedBlock32;
-use super::dpbusd_broadcast;
+use super::{dpbusd, dpbusd_broadcast};
 use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
 use crate::quant::blocks::f16_to_f32;
 use crate::quant::formats::q8_0::BlockQ8_0;
@@ -38,26 +38,42 @@ use crate::quant::DotOrder;
 const SLICE_BLOCKS: usize = 64;
 
 /// Whether [`gemm`] serves blocks `B` on `I`: with VNNI every such format (its quants made
-/// unsigned by an offset of at most 128, `vpdpbusd` never saturates); on AVX2 only formats whose
+/// unsigned by an offset of at most 128, `vpdpbusd` never saturates); on AVX2 formats whose
 /// unsigned quants are below 16 (Q4_0), for which `maddubs`' pair sums of sixteen products
-/// still fit i16 (16·15·128 = 30720), so eight of them add up before widening.
+/// still fit i16 (16·15·128 = 30720), so eight of them add up before widening, and formats of
+/// signed quants (IQ4_NL), which go [`signed`]'s way.
 pub const fn serves<I: Isa, B: SignedBlock32>() -> bool {
-    I::VNNI || matches!(B::OFFSET, Some(o) if o <= 8)
+    I::VNNI || matches!(B::OFFSET, Some(o) if o <= 8) || signed::<I, B>()
 }
 
-/// The offset that makes `B`'s quants unsigned (its own, or 128 for signed quants).
-const fn offset<B: SignedBlock32>() -> i32 {
+/// Whether the panel holds `B`'s quants signed: on AVX2 for formats without an offset of their
+/// own. Made unsigned by +128 (up to 255 for IQ4_NL's grid) `maddubs`' pair sums could
+/// saturate, so the micro-kernel multiplies `|w|` by the activation with `w`'s sign (`vpsignb`;
+/// |w|, |a| ≤ 127 or `|w|` = 128, so a pair sums to at most 32512) and widens every `maddubs`
+/// with a `madd`: two multiplies per four weights of eight rows, where Q4_0 takes one, and no
+/// offset to take off.
+const fn signed<I: Isa, B: SignedBlock32>() -> bool {
+    !I::VNNI && B::OFFSET.is_none()
+}
+
+/// The offset that makes `B`'s quants as the panel holds them unsigned (its own, 128 for signed
+/// quants under VNNI, none for [`signed`] ones).
+const fn offset<I: Isa, B: SignedBlock32>() -> i32 {
     match B::OFFSET {
         Some(o) => o,
+        None if signed::<I, B>() => 0,
         None => 128,
     }
 }
 
-/// `B`'s 32 quants as the unsigned bytes `q + offset`, in element order.
+/// `B`'s 32 quants as the panel holds them, in element order: the unsigned bytes `q + offset`,
+/// or the quants themselves for [`signed`] ones.
 #[inline(always)]
-unsafe fn unsigned<B: SignedBlock32>(b: &B) -> __m256i {
+unsafe fn panel_quants<I: Isa, B: SignedBlock32>(b: &B) -> __m256i {
     if B::OFFSET.is_some() {
         b.unsigned_quants()
+    } else if signed::<I, B>() {
+        b.quants()
     } else {
         _mm256_xor_si256(b.quants(), _mm256_set1_epi8(-128))
     }
@@ -116,12 +132,12 @@ impl<I: Isa, B: SignedBlock32> PanelKernel<I> for Repacked32<B> {
 
     #[inline(always)]
     unsafe fn fill(table: &mut ActTable, acts: &[&[BlockQ8_0]], slice: Range<usize>) {
-        table.fill::<B>(acts, slice);
+        table.fill::<I, B>(acts, slice);
     }
 
     #[inline(always)]
     unsafe fn pack(panel: &mut Panel, rows: [&[B]; PANEL_ROWS], slice: Range<usize>) {
-        panel.pack(rows, slice);
+        panel.pack::<I, B>(rows, slice);
     }
 
     #[inline(always)]
@@ -133,7 +149,7 @@ impl<I: Isa, B: SignedBlock32> PanelKernel<I> for Repacked32<B> {
         k0: usize,
         acc: &mut [__m256; MAX_ACTS],
     ) {
-        tile::<I, M>(panel, acts, table, first_block, k0, acc);
+        tile::<I, B, M>(panel, acts, table, first_block, k0, acc);
     }
 }
 
@@ -155,12 +171,12 @@ impl ActTable {
 
     /// The entries of `acts`' blocks `slice`.
     #[inline(always)]
-    fn fill<B: SignedBlock32>(&mut self, acts: &[&[BlockQ8_0]], slice: Range<usize>) {
+    fn fill<I: Isa, B: SignedBlock32>(&mut self, acts: &[&[BlockQ8_0]], slice: Range<usize>) {
         for (k, a) in acts.iter().enumerate() {
             for (j, b) in a[slice.clone()].iter().enumerate() {
                 self.d[k][j].write(f16_to_f32(b.d));
                 let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
-                self.base[k][j].write(-offset::<B>() * sum);
+                self.base[k][j].write(-offset::<I, B>() * sum);
             }
         }
     }
@@ -177,7 +193,7 @@ impl ActTable {
 }
 
 /// A slice of a panel's eight rows, interleaved: per block, eight registers (register c, lane r:
-/// quants 4c..4c+4 of row r, unsigned) and the eight rows' `d_w`.
+/// quants 4c..4c+4 of row r, as [`panel_quants`] gives them) and the eight rows' `d_w`.
 struct Panel {
     quads: [MaybeUninit<[__m256i; 8]>; SLICE_BLOCKS],
     d: [MaybeUninit<__m256>; SLICE_BLOCKS],
@@ -195,11 +211,11 @@ impl Panel {
 
     /// Blocks `slice` of `rows`, interleaved.
     #[inline(always)]
-    unsafe fn pack<B: SignedBlock32>(&mut self, rows: [&[B]; PANEL_ROWS], slice: Range<usize>) {
+    unsafe fn pack<I: Isa, B: SignedBlock32>(&mut self, rows: [&[B]; PANEL_ROWS], slice: Range<usize>) {
         self.len = slice.len();
         for (j, i) in slice.enumerate() {
             let b = rows.map(|r| r.get_unchecked(i));
-            self.quads[j].write(transpose_8x8(b.map(|b| unsigned(b))));
+            self.quads[j].write(transpose_8x8(b.map(|b| panel_quants::<I, B>(b))));
             let h = b.map(|b| i16::from_le_bytes(b.d()));
             let h = _mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
             self.d[j].write(_mm256_cvtph_ps(h));
@@ -210,7 +226,7 @@ impl Panel {
 /// The micro-kernel: activation rows `k0..k0 + M` against the panel, each block's eight
 /// registers loaded once for the `M` rows.
 #[inline(always)]
-unsafe fn tile<I: Isa, const M: usize>(
+unsafe fn tile<I: Isa, B: SignedBlock32, const M: usize>(
     panel: &Panel,
     acts: &[&[BlockQ8_0]],
     table: &ActTable,
@@ -231,10 +247,15 @@ unsafe fn tile<I: Isa, const M: usize>(
             }
         }
         for (c, &w) in quads.iter().enumerate() {
+            // |w| once for the tile's rows (a byte of -128 gives 128, right as unsigned).
+            let abs_w = if signed::<I, B>() { _mm256_sign_epi8(w, w) } else { w };
             for t in 0..M {
                 let a4 = a[t].add(4 * c);
                 s[t] = if I::VNNI {
                     dpbusd_broadcast::<I>(s[t], w, a4)
+                } else if signed::<I, B>() {
+                    let a4 = _mm256_set1_epi32(a4.cast::<i32>().read_unaligned());
+                    dpbusd::<I>(s[t], abs_w, _mm256_sign_epi8(a4, w))
                 } else {
                     // u < 16: every i16 lane sums at most sixteen products (see `serves`).
                     let a4 = _mm256_set1_epi32(a4.cast::<i32>().read_unaligned());
@@ -245,7 +266,7 @@ unsafe fn tile<I: Isa, const M: usize>(
         let d_w = panel.d.get_unchecked(j).assume_init();
         for t in 0..M {
             let (d_a, base) = table.get(k0 + t, j);
-            let sumi = if I::VNNI {
+            let sumi = if I::VNNI || signed::<I, B>() {
                 s[t]
             } else {
                 _mm256_add_epi32(_mm256_madd_epi16(s[t], ones), _mm256_set1_epi32(base))
