@@ -5,6 +5,8 @@
 //! data is missing fails, it never passes by skipping.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
 /// The default model's file name in the cache's `models/` folder (the profile
 /// `appliance/profiles/e2-micro.toml` holds its size and sha256).
@@ -59,6 +61,71 @@ pub fn testdata(relative: &str) -> PathBuf {
 /// A tiny synthetic model (or its golden outputs) by file name, e.g. `synth-llama-q4_0.gguf`.
 pub fn synth(name: &str) -> PathBuf {
     testdata(&format!("synth/{name}"))
+}
+
+/// Whether `name` is one of the variables cargo sets for a process it runs (a test, `cargo run`'s
+/// binary) to describe that process's package: `CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME` and the
+/// like, `OUT_DIR`. A cargo started with them in its environment compares them with what build
+/// scripts watch (ring's runs again when `CARGO_PKG_NAME` or `CARGO_MANIFEST_DIR` changed), so a
+/// cargo run from a test rebuilt ring, rustls and then the whole server library (ten minutes of
+/// CI) because the test's package was not the one the outer build ran under. `cargo xtask`
+/// drops them from its own environment, and [`cargo`] from the commands it makes.
+pub fn is_package_env(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_MANIFEST_")
+        || name.starts_with("CARGO_BIN_")
+        || matches!(
+            name,
+            "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR"
+        )
+}
+
+/// A `cargo` command (the one running this test when there is one) in the workspace root,
+/// without the variables [`is_package_env`] names.
+pub fn cargo() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace_root());
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(is_package_env) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// This workspace's `llm-server` binary, built by cargo for the profile the calling test was
+/// built with (a no-op when it is current: the test build's library is reused): the test runs
+/// from target/<profile>/deps/, the binary lands in target/<profile>/. Built once per process.
+pub fn llm_server_binary() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("the test's own path");
+            let dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .expect("target/<profile>/deps/");
+            let profile = match dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") => "dev",
+                Some(name) => name,
+                None => panic!("no cargo profile directory above {}", exe.display()),
+            };
+            let status = cargo()
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "llm-server",
+                    "--bin",
+                    "llm-server",
+                ])
+                .args(["--profile", profile])
+                .status()
+                .expect("run cargo");
+            assert!(status.success(), "cargo could not build llm-server");
+            dir.join("llm-server")
+        })
+        .clone()
 }
 
 /// Where downloaded artefacts live: `$LLM_APPLIANCE_CACHE`, else `$XDG_CACHE_HOME/llm-appliance`,

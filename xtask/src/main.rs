@@ -39,6 +39,14 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
+    // `cargo run` described the xtask package to this process; the cargo commands below must
+    // not see that (see `test_support::is_package_env`: build scripts would run again, and the
+    // server be compiled again, whenever the describing package differs). Single-threaded here.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(test_support::is_package_env) {
+            std::env::remove_var(name);
+        }
+    }
     let cli = Cli::parse();
     let sh = xshell::Shell::new()?;
     sh.change_dir(util::workspace_root());

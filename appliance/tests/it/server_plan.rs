@@ -4,52 +4,18 @@
 //! box are refused. Without this the server would refuse to start (exit 2) inside the limits
 //! the image gives it, or the image would be built on numbers the server does not use.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 
 use appliance::plan::{self, ServerPlan};
 use appliance::Profile;
 use llm_server::gguf::Gguf;
 use llm_server::plan::MemoryPlan;
 
-/// This workspace's `llm-server`, built by cargo (a no-op when it is current) for the profile
-/// this test was built with: the test runs from target/<profile>/deps/, the binary lands in
-/// target/<profile>/.
-fn llm_server() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(build_llm_server)
-}
-
-fn build_llm_server() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let profile = match dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(name) => name,
-        None => panic!("no cargo profile directory above {}", exe.display()),
-    };
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--package",
-            "llm-server",
-            "--bin",
-            "llm-server",
-        ])
-        .args(["--profile", profile])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .unwrap();
-    assert!(status.success(), "cargo could not build llm-server");
-    dir.join("llm-server")
-}
-
 /// `llm-server plan --json` of `model` at `ctx_size` x `parallel`. Exit status 2 says the plan
 /// does not fit this machine's own memory, which is not the question here.
 fn server_plan(model: &Path, ctx_size: u32, parallel: u32) -> ServerPlan {
-    let out = Command::new(llm_server())
+    let out = Command::new(test_support::llm_server_binary())
         .args(plan::args(model.to_str().unwrap(), ctx_size, parallel))
         .output()
         .unwrap();

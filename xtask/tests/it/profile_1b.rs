@@ -3,38 +3,11 @@
 //! default model): `inspect` shows its real shapes; pinned to that file, the profile loads (every cross-section rule holds) and
 //! its limits hold the plan at its context and slots. Unpinned, as committed, it does not load.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use appliance::plan::{self, ServerPlan};
 use appliance::Profile;
 use sha2::{Digest, Sha256};
-
-/// This workspace's `llm-server`, built for the profile these tests were built with.
-fn llm_server() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let profile = match dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(name) => name,
-        None => panic!("no cargo profile directory above {}", exe.display()),
-    };
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "llm-server",
-            "--bin",
-            "llm-server",
-        ])
-        .args(["--profile", profile])
-        .current_dir(test_support::workspace_root())
-        .status()
-        .unwrap();
-    assert!(status.success(), "cargo could not build llm-server");
-    dir.join("llm-server")
-}
 
 #[test]
 fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
@@ -46,7 +19,7 @@ fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
         "the committed profile is unpinned: {e}"
     );
 
-    let server = llm_server();
+    let server = test_support::llm_server_binary();
     let dir = std::env::temp_dir().join(format!("xtask-profile-1b-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("gemma-3-1b-it-iq4_xs.gguf");
