@@ -105,11 +105,12 @@ mod tests {
         let b = MemoryPlan::for_model_file(&g, 512, 1).unwrap();
         let c = MemoryPlan::for_model_file(&g, 512, 2).unwrap();
         assert_eq!(a.weights_bytes, b.weights_bytes);
-        // 6 layers, 1 KV head of 64: 5 local layers hold a ring of 8 + 31 + 128 cells (window,
-        // micro-batch, rewind), one global layer the whole context; K and V at 2 bytes.
+        // 6 layers, 1 KV head of 64: 5 local layers hold a ring of the window (8), a micro-batch
+        // but one and the rewind cells, one global layer the whole context; K and V at 2 bytes.
         let per_cell = 64 * 2 * 2;
-        assert_eq!(a.kv_bytes, ((5 * 167 + 256) * per_cell) as u64);
-        assert_eq!(b.kv_bytes, ((5 * 167 + 512) * per_cell) as u64);
+        let ring = 8 + crate::model::UBATCH - 1 + crate::model::REWIND;
+        assert_eq!(a.kv_bytes, ((5 * ring + 256) * per_cell) as u64);
+        assert_eq!(b.kv_bytes, ((5 * ring + 512) * per_cell) as u64);
         assert_eq!(c.kv_bytes, 2 * b.kv_bytes);
         assert!(c.scratch_bytes > b.scratch_bytes && b.total() > a.total());
         let fit = MemoryPlan::largest_fitting(&g, 1, 4096, b.total())

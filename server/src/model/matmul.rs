@@ -25,7 +25,7 @@ impl Acts {
     /// Buffers large enough for `n_tokens` rows of the widest input of every matrix.
     pub fn new<'a>(mats: impl Iterator<Item = &'a Mat>, n_tokens: usize) -> Acts {
         Acts {
-            bufs: sizes(mats, n_tokens).map(|n| vec![0u8; n]),
+            bufs: sizes(mats, n_tokens).map(|n| super::scratch::resident(0u8, n)),
             valid: [false; GgmlType::ALL.len()],
         }
     }

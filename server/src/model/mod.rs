@@ -23,7 +23,7 @@ use std::path::Path;
 pub use arch::{Arch, ArchSpec, Ffn, RopeStyle, Swa, ARCHS};
 pub use config::{Config, ConfigError};
 pub use footprint::weight_bytes_per_token;
-pub use kv_cache::{KvCache, MAX_DRAFT, UBATCH};
+pub use kv_cache::{KvCache, MAX_DRAFT, REWIND, UBATCH};
 pub use session::{decode_batch, Session};
 pub use weights::Weights;
 

@@ -575,8 +575,11 @@ mod tests {
 
         // All of a prompt but its last token, whose logits must be computed.
         assert_eq!(cached.reusable(&m, &whole), whole.len() - 1);
-        // Rewound further than the ring allows, a sliding layer lacks what position 30 reads.
-        assert_eq!(cached.reusable(&m, &whole[..31]), 0);
+        // Rewound further than the ring allows, a sliding layer lacks what position 10 reads
+        // (positions 3..=10, overwritten: the ring holds the last `ring` of the 220 written).
+        let ring = 8 + UBATCH - 1 + REWIND;
+        assert!(3 + ring < whole.len());
+        assert_eq!(cached.reusable(&m, &whole[..11]), 0);
         cached.clear();
         assert_eq!(cached.reusable(&m, &whole), 0);
     }

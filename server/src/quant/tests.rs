@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use super::blocks::{blocks, scales_mins_k4};
 use super::formats::{iq4_nl::BlockIq4Nl, q4_0::BlockQ4_0, q4_k::BlockQ4K};
 use super::formats::{q8_0::BlockQ8_0, q8_k::BlockQ8K};
+use super::simd::panel_gemm::MAX_ACTS;
 use super::*;
 
 /// Every weight type of the table.
@@ -700,14 +701,14 @@ proptest! {
     /// `dot_rows_batch` (prefill's whole micro-batch at once; Q4_0 and IQ4_NL repacked as a GEMM
     /// with weight rows in the lanes) is llama.cpp's grouping of the batch bit for bit, for every
     /// type and order, on each instruction set: 1..=20 weight rows (whole and partial panels of
-    /// eight), 1..=40 activation rows (below the GEMM's minimum, its tiles of four and their
-    /// rest, more than one pass of 32).
+    /// eight), 1..=MAX_ACTS + 8 activation rows (below the GEMM's minimum, its tiles of four and
+    /// their rest, more than one pass of [`MAX_ACTS`]).
     #[test]
     fn dot_rows_batch_equals_llama_cpp_grouping_bit_for_bit(
         seed in any::<u64>(),
         n_rows in 1usize..=20,
         blocks in 1usize..=3,
-        n_acts in 1usize..=40,
+        n_acts in 1usize..=MAX_ACTS + 8,
     ) {
         let mut rng = Rng(seed);
         for w in WEIGHT_TYPES {
@@ -727,7 +728,7 @@ proptest! {
 
 /// [`dot_rows_batch_equals_llama_cpp_grouping_bit_for_bit`] at the GEMM's boundaries, for the
 /// types it serves: 70 weight rows (a group of 64 and a partial panel), 130 blocks (three slices
-/// of at most 64), 37 activation rows (a pass of 32, then five).
+/// of at most 64), a pass of [`MAX_ACTS`] activation rows then five.
 #[test]
 fn dot_rows_batch_of_wide_rows_and_many_panels_equals_grouping() {
     let mut rng = Rng(7);
@@ -736,7 +737,7 @@ fn dot_rows_batch_of_wide_rows_and_many_panels_equals_grouping() {
         let rows: Vec<u8> = (0..70)
             .flat_map(|_| random_weights(w, n, &mut rng))
             .collect();
-        let acts: Vec<Vec<u8>> = (0..37)
+        let acts: Vec<Vec<u8>> = (0..MAX_ACTS + 5)
             .map(|_| quantized(w, &random_activations(n, &mut rng)))
             .collect();
         for choice in runnable_isas() {

@@ -175,8 +175,12 @@ impl ActTable {
         for (k, a) in acts.iter().enumerate() {
             for (j, b) in a[slice.clone()].iter().enumerate() {
                 self.d[k][j].write(f16_to_f32(b.d));
-                let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
-                self.base[k][j].write(-offset::<I, B>() * sum);
+                // The signed route (offset 0) starts every block's total at 0: no sum to make.
+                let base = match offset::<I, B>() {
+                    0 => 0,
+                    o => -o * b.qs.iter().map(|&q| q as i32).sum::<i32>(),
+                };
+                self.base[k][j].write(base);
             }
         }
     }

@@ -19,13 +19,13 @@ use crate::quant::isa::Isa;
 
 /// Weight rows per panel: one per i32 lane of a 256-bit register.
 pub(super) const PANEL_ROWS: usize = 8;
-/// Panels per group of rows, whose accumulators (8 or 16 KiB) live on the stack together.
+/// Panels per group of rows, whose accumulators (16 or 32 KiB) live on the stack together.
 const GROUP_PANELS: usize = 8;
 /// Activation rows per pass (prefill's micro-batch, `kv_cache::UBATCH`); more go in turns. A
 /// multiple of [`TILE_ACTS`], so every pass but the last holds whole tiles and a batch's last
 /// `len % 4` rows (where llama.cpp's Q4_K gemv takes over from its gemm) all fall at the end of
 /// the last pass.
-pub(super) const MAX_ACTS: usize = 32;
+pub(crate) const MAX_ACTS: usize = 64;
 /// Activation rows that share each load of a panel's register (the micro-kernel's tile).
 const TILE_ACTS: usize = 4;
 /// Activation rows below which the GEMMs decline: the transpose of a panel costs about as much
@@ -98,15 +98,25 @@ pub(super) unsafe fn gemm<I: Isa, K: PanelKernel<I>>(
         "gemm: rows, activations and outputs of unequal lengths"
     );
     let row = |i: usize| blocks::<K::Block>(&rows[i * row_bytes..(i + 1) * row_bytes]);
+    let block = size_of::<K::Block>();
+    let group_rows = GROUP_PANELS * PANEL_ROWS;
+    let slices = |b0: usize| b0..(b0 + K::SLICE_BLOCKS).min(n_blocks);
+    // The bytes of blocks `slice` of the (at most eight) rows from `lo`: what packing a panel
+    // reads.
+    let panel_bytes = |lo: usize, slice: Range<usize>| -> [&[u8]; PANEL_ROWS] {
+        std::array::from_fn(|r| {
+            let start = (lo + r).min(n_rows - 1) * row_bytes;
+            &rows[start + slice.start * block..start + slice.end * block]
+        })
+    };
     let (mut table, mut packed) = K::buffers();
     for (acts, outs) in acts.chunks(MAX_ACTS).zip(outs.chunks_mut(MAX_ACTS)) {
-        let group_rows = GROUP_PANELS * PANEL_ROWS;
         for first in (0..n_rows).step_by(group_rows) {
             let rows_here = (n_rows - first).min(group_rows);
             let panels = rows_here.div_ceil(PANEL_ROWS);
             let mut acc = [[K::zero(); MAX_ACTS]; GROUP_PANELS];
             for b0 in (0..n_blocks).step_by(K::SLICE_BLOCKS) {
-                let slice = b0..(b0 + K::SLICE_BLOCKS).min(n_blocks);
+                let slice = slices(b0);
                 K::fill(&mut table, acts, slice.clone());
                 for (p, acc) in acc[..panels].iter_mut().enumerate() {
                     // A partial last panel repeats its last row; those lanes are not written out.
@@ -114,24 +124,59 @@ pub(super) unsafe fn gemm<I: Isa, K: PanelKernel<I>>(
                         row(first + (p * PANEL_ROWS + r).min(rows_here - 1))
                     });
                     K::pack(&mut packed, panel, slice.clone());
-                    run_tiles::<I, K>(&packed, acts, &table, slice.start, acc);
+                    // The panel packed next: the group's next, or its first in the next slice,
+                    // or the next group's first.
+                    let next = if p + 1 < panels {
+                        Some(panel_bytes(first + (p + 1) * PANEL_ROWS, slice.clone()))
+                    } else if slice.end < n_blocks {
+                        Some(panel_bytes(first, slices(slice.end)))
+                    } else if first + group_rows < n_rows {
+                        Some(panel_bytes(first + group_rows, slices(0)))
+                    } else {
+                        None
+                    };
+                    run_tiles::<I, K>(&packed, acts, &table, slice.start, acc, next);
                 }
             }
             for (p, acc) in acc[..panels].iter().enumerate() {
                 let lo = first + p * PANEL_ROWS;
                 let len = (n_rows - lo).min(PANEL_ROWS);
                 for (o, &chains) in outs.iter_mut().zip(acc) {
-                    let mut lanes = [0f32; PANEL_ROWS];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), K::result(chains));
-                    o[lo..lo + len].copy_from_slice(&lanes[..len]);
+                    let lanes = K::result(chains);
+                    if len == PANEL_ROWS {
+                        // A whole panel: one store (a copy of a variable length calls memcpy).
+                        _mm256_storeu_ps(o[lo..lo + PANEL_ROWS].as_mut_ptr(), lanes);
+                    } else {
+                        let mut buf = [0f32; PANEL_ROWS];
+                        _mm256_storeu_ps(buf.as_mut_ptr(), lanes);
+                        o[lo..lo + len].copy_from_slice(&buf[..len]);
+                    }
                 }
             }
         }
     }
 }
 
+/// Requests the lines of `bytes` into the cache. The rows of a panel are too short a stream
+/// (one slice of eight rows) for the hardware prefetcher to ramp up on: unrequested, packing
+/// waits on memory for each row.
+#[inline(always)]
+fn request(bytes: &[u8]) {
+    let p = bytes.as_ptr().cast::<i8>();
+    // SAFETY: the offsets stay inside `bytes`; a prefetch only hints the cache and never faults.
+    unsafe {
+        for offset in (0..bytes.len()).step_by(64) {
+            _mm_prefetch(p.add(offset), _MM_HINT_T0);
+        }
+        if let Some(last) = bytes.len().checked_sub(1) {
+            _mm_prefetch(p.add(last), _MM_HINT_T0);
+        }
+    }
+}
+
 /// Every activation row against one packed slice, [`TILE_ACTS`] at a time, the last few
-/// (fewer than four) in a smaller tile.
+/// (fewer than four) in a smaller tile; meanwhile the rows of the `next` panel are requested,
+/// one per tile (all at once would stall on the core's few miss buffers).
 #[inline(always)]
 unsafe fn run_tiles<I: Isa, K: PanelKernel<I>>(
     panel: &K::Panel,
@@ -139,12 +184,18 @@ unsafe fn run_tiles<I: Isa, K: PanelKernel<I>>(
     table: &K::Table,
     first_block: usize,
     acc: &mut [K::Chains; MAX_ACTS],
+    next: Option<[&[u8]; PANEL_ROWS]>,
 ) {
+    let next = next.as_ref().map_or(&[][..], |n| &n[..]);
     let mut k = 0;
     while k + TILE_ACTS <= acts.len() {
+        if let Some(row) = next.get(k / TILE_ACTS) {
+            request(row);
+        }
         K::tile::<TILE_ACTS, false>(panel, acts, table, first_block, k, acc);
         k += TILE_ACTS;
     }
+    next.iter().skip(k / TILE_ACTS).for_each(|row| request(row));
     match acts.len() - k {
         3 => K::tile::<3, true>(panel, acts, table, first_block, k, acc),
         2 => K::tile::<2, true>(panel, acts, table, first_block, k, acc),

@@ -399,10 +399,13 @@ mod tests {
     };
     use crate::quant::{DotOrder, GgmlType};
 
+    use super::MAX_ACTS;
+
     /// The GEMM at its boundaries against llama.cpp's grouping, bit for bit, on every runnable
     /// instruction set: 70 weight rows (a group of 64 and a partial panel), 19 super-blocks
-    /// (three slices, the last partial), 37 activation rows (a pass of 32, then a gemm tile of
-    /// four and one gemv row), and 8..=11 rows (the smallest batch, each gemv rest).
+    /// (three slices, the last partial), a pass of [`MAX_ACTS`] activation rows then five (a
+    /// gemm tile of four and one gemv row), one more than a pass, and 8..=11 rows (the smallest
+    /// batch, each gemv rest).
     #[test]
     fn q4_k_gemm_equals_grouping() {
         let w = GgmlType::Q4_K;
@@ -410,9 +413,9 @@ mod tests {
         let n = 19 * 256;
         let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
         let acts: Vec<Vec<u8>> =
-            (0..37).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+            (0..MAX_ACTS + 5).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
         for choice in runnable_isas() {
-            for n_acts in [37, 8, 9, 10, 11, 33] {
+            for n_acts in [MAX_ACTS + 5, 8, 9, 10, 11, MAX_ACTS + 1] {
                 let checked = isa::forced(choice, || {
                     batch_equals_groups(w, DotOrder::Repacked, n, &rows, &acts[..n_acts])
                 });

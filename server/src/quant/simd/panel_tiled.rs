@@ -349,9 +349,11 @@ mod tests {
     };
     use crate::quant::{isa, DotOrder, GgmlType};
 
+    use super::MAX_ACTS;
+
     /// The GEMM at its boundaries against llama.cpp's grouping, bit for bit: 70 weight rows (a
     /// group of 64 and a partial panel), 19 super-blocks (two full slices of eight and a partial
-    /// one), 37 activation rows (a pass of 32, then five: a tile of four and one).
+    /// one), a pass of [`MAX_ACTS`] activation rows then five (a tile of four and one).
     #[test]
     fn wide_rows_many_panels_equal_grouping() {
         let mut rng = Rng(11);
@@ -359,7 +361,7 @@ mod tests {
             let n = 19 * 256;
             let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
             let acts: Vec<Vec<u8>> =
-                (0..37).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+                (0..MAX_ACTS + 5).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
             for choice in runnable_isas() {
                 let checked =
                     isa::forced(choice, || batch_equals_groups(w, DotOrder::Tiled, n, &rows, &acts));
