@@ -11,7 +11,7 @@ use super::config::Config;
 /// packs every weight panel of prefill's GEMMs once (quant/simd/panel_gemm.rs) and reads the
 /// keys and values once per layer, so a larger micro-batch spreads both over more tokens: 64
 /// against 32 made the Gemma 3 1B file's pp512 +15 % and the Llama 1B Q4_0 file's +8 % (1 thread,
-/// Zen 3); 128 measured no better and doubles the scratch (~5 MiB at 64 for 1B shapes).
+/// Zen 3); 128 measured no better and doubles the per-token buffers (~5 MiB at 64 for 1B shapes).
 pub const UBATCH: usize = 64;
 
 /// Tokens llama.cpp evaluates as one batch (its n_batch and n_ubatch, 512 by default): how many
