@@ -271,26 +271,45 @@ fn rows_4_of<W: Kernels<I>, I: Isa>(
 /// median +11 %).
 const PREFETCH_ROWS: usize = 2;
 
-/// Asks the CPU to start loading `bytes` into cache, one request per 64-byte line, into L2
-/// (`prefetcht1`): on Intel a prefetch into L1 holds one of its few fill buffers until the line
-/// arrives, which the kernels' own loads then wait for, where L2's queue is deeper (the default
-/// model's decode, 1 thread, 3 alternating pairs on a Sapphire Rapids-class Xeon: 23.3-24.2
-/// tok/s with `prefetcht0`, 26.2-27.3 with `prefetcht1`). AMD's optimisation guides have
-/// the T0/T1/T2 hints all load into L1 before Zen 4, so the appliance's Zen 1 sees no change.
+/// Asks the CPU to start loading `bytes` into L2 (`prefetcht1`), for rows read a while ahead: on
+/// Intel a prefetch into L1 holds one of its few fill buffers until the line arrives, which the
+/// kernels' own loads then wait for, where L2's queue is deeper (the default model's decode, 1
+/// thread, 3 alternating pairs on a Sapphire Rapids-class Xeon: 23.3-24.2 tok/s with
+/// `prefetcht0`, 26.2-27.3 with `prefetcht1`). AMD's optimisation guides have the T0/T1/T2 hints
+/// all load into L1 before Zen 4, so the appliance's Zen 1 sees no change.
 #[inline(always)]
 pub(crate) fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    for offset in (0..bytes.len()).step_by(64) {
-        // SAFETY: a prefetch only hints the cache and never faults; the address is in bounds.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(
-                bytes.as_ptr().add(offset).cast(),
-                std::arch::x86_64::_MM_HINT_T1,
-            )
-        };
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }>(bytes);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
+}
+
+/// Asks the CPU to load `bytes` into L1 (`prefetcht0`), for lines a kernel reads within a few
+/// hundred cycles (the next block of the rows it streams, the next panel of a GEMM).
+#[inline(always)]
+pub(crate) fn prefetch_l1(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+/// One prefetch per 64 bytes of `bytes` and one for its last byte: the slice need not start a
+/// line, so its last line can lie past the last 64-byte step.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<const HINT: i32>(bytes: &[u8]) {
+    let p = bytes.as_ptr().cast::<i8>();
+    // SAFETY: a prefetch only hints the cache and never faults; the offsets are in bounds.
+    unsafe {
+        for offset in (0..bytes.len()).step_by(64) {
+            std::arch::x86_64::_mm_prefetch::<HINT>(p.add(offset));
+        }
+        if let Some(last) = bytes.len().checked_sub(1) {
+            std::arch::x86_64::_mm_prefetch::<HINT>(p.add(last));
+        }
+    }
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`, by the

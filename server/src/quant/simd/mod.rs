@@ -67,18 +67,13 @@ pub unsafe fn quads_ahead<B: Block>(
     4 * quads
 }
 
-/// Requests every cache line of block `b` into L1: one request per 64 bytes and one for its
-/// last byte (a block need not start a line). A prefetch only hints the cache and never faults.
+/// Requests every cache line of block `b` into L1 ([`crate::quant::prefetch_l1`] over its bytes).
 #[inline(always)]
 pub fn request_block<B>(b: &B) {
-    let p = (b as *const B).cast::<i8>();
-    // SAFETY: the offsets stay inside the block.
-    unsafe {
-        for offset in (0..size_of::<B>()).step_by(64) {
-            _mm_prefetch(p.add(offset), _MM_HINT_T0);
-        }
-        _mm_prefetch(p.add(size_of::<B>() - 1), _MM_HINT_T0);
-    }
+    // SAFETY: the block's own bytes, read only as addresses to prefetch.
+    crate::quant::prefetch_l1(unsafe {
+        std::slice::from_raw_parts((b as *const B).cast::<u8>(), size_of::<B>())
+    });
 }
 
 /// Requests block i of each of the `next` rows: what a four-row kernel given [`quads_ahead`]'s

@@ -157,23 +157,6 @@ pub(super) unsafe fn gemm<I: Isa, K: PanelKernel<I>>(
     }
 }
 
-/// Requests the lines of `bytes` into the cache. The rows of a panel are too short a stream
-/// (one slice of eight rows) for the hardware prefetcher to ramp up on: unrequested, packing
-/// waits on memory for each row.
-#[inline(always)]
-fn request(bytes: &[u8]) {
-    let p = bytes.as_ptr().cast::<i8>();
-    // SAFETY: the offsets stay inside `bytes`; a prefetch only hints the cache and never faults.
-    unsafe {
-        for offset in (0..bytes.len()).step_by(64) {
-            _mm_prefetch(p.add(offset), _MM_HINT_T0);
-        }
-        if let Some(last) = bytes.len().checked_sub(1) {
-            _mm_prefetch(p.add(last), _MM_HINT_T0);
-        }
-    }
-}
-
 /// Every activation row against one packed slice, [`TILE_ACTS`] at a time, the last few
 /// (fewer than four) in a smaller tile; meanwhile the rows of the `next` panel are requested,
 /// one per tile (all at once would stall on the core's few miss buffers).
@@ -190,12 +173,14 @@ unsafe fn run_tiles<I: Isa, K: PanelKernel<I>>(
     let mut k = 0;
     while k + TILE_ACTS <= acts.len() {
         if let Some(row) = next.get(k / TILE_ACTS) {
-            request(row);
+            // The rows of a panel are too short a stream (one slice of eight rows) for the
+            // hardware prefetcher to ramp up on: unrequested, packing waits on memory for each.
+            crate::quant::prefetch_l1(row);
         }
         K::tile::<TILE_ACTS, false>(panel, acts, table, first_block, k, acc);
         k += TILE_ACTS;
     }
-    next.iter().skip(k / TILE_ACTS).for_each(|row| request(row));
+    next.iter().skip(k / TILE_ACTS).for_each(|row| crate::quant::prefetch_l1(row));
     match acts.len() - k {
         3 => K::tile::<3, true>(panel, acts, table, first_block, k, acc),
         2 => K::tile::<2, true>(panel, acts, table, first_block, k, acc),
