@@ -166,6 +166,43 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Runs `f(first_row, rows)` over `data` cut into rows of `row_len` values, at least
+    /// `min_values` values per chunk (whole rows), the chunks shared out as in
+    /// [`Pool::for_chunks`]: prefill's per-token steps (an activation row's quantisation, the
+    /// gated unit) run on every thread instead of on the caller alone. One row, or fewer values
+    /// than a chunk, runs on the caller without waking a worker (decode).
+    pub fn for_rows_mut<T: Send>(
+        &self,
+        data: &mut [T],
+        row_len: usize,
+        min_values: usize,
+        f: &(dyn Fn(usize, &mut [T]) + Sync),
+    ) {
+        let row_len = row_len.max(1);
+        let rows = data.len() / row_len;
+        let chunk = min_values.div_ceil(row_len).max(1);
+        let base = SendPtr(data.as_mut_ptr());
+        self.for_chunks(rows, chunk, &|_, range| {
+            let base = &base;
+            // SAFETY: `for_chunks` hands out disjoint row ranges below `rows`, so each call
+            // borrows its own part of `data`, which outlives the dispatch.
+            let part = unsafe {
+                std::slice::from_raw_parts_mut(
+                    base.0.add(range.start * row_len),
+                    range.len() * row_len,
+                )
+            };
+            f(range.start, part);
+        });
+    }
+}
+
+/// A pointer to data that [`Pool::for_rows_mut`] hands out in disjoint parts.
+struct SendPtr<T>(*mut T);
+// SAFETY: only disjoint parts are reached through it, one thread each, and `T: Send`.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+
 /// Spins, then yields, until `done()`.
 fn spin_until(done: impl Fn() -> bool) {
     let mut spins = 0u32;
@@ -302,6 +339,29 @@ mod tests {
         }
         let expected: usize = (0..20_000).map(|i| 2 + i % 7).sum();
         assert_eq!(total.load(Ordering::Relaxed), expected);
+    }
+
+    #[test]
+    fn rows_mut_reach_every_row_once_at_its_index() {
+        for threads in 1..=3 {
+            let pool = Pool::new(threads);
+            for (rows, row_len, min_values) in
+                [(0, 4, 1), (1, 4, 1), (7, 3, 1), (64, 10, 25), (5, 8, 1000)]
+            {
+                let mut data = vec![0usize; rows * row_len];
+                pool.for_rows_mut(&mut data, row_len, min_values, &|first, part| {
+                    assert_eq!(part.len() % row_len, 0, "whole rows");
+                    for (i, v) in part.iter_mut().enumerate() {
+                        *v += first * row_len + i + 1;
+                    }
+                });
+                let expected: Vec<usize> = (1..=rows * row_len).collect();
+                assert_eq!(
+                    data, expected,
+                    "threads {threads} rows {rows} row_len {row_len}"
+                );
+            }
+        }
     }
 
     #[test]

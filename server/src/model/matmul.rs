@@ -40,23 +40,30 @@ impl Acts {
         self.valid = [false; GgmlType::ALL.len()];
     }
 
-    /// `x` (n rows of `cols`) in the dot format of weights of type `w`.
-    pub fn get(&mut self, w: GgmlType, x: &[f32], n: usize, cols: usize) -> &[u8] {
+    /// `x` (n rows of `cols`) in the dot format of weights of type `w`, its rows quantised on
+    /// every thread of `pool` (prefill's micro-batch; one row stays on the caller).
+    pub fn get(&mut self, pool: &Pool, w: GgmlType, x: &[f32], n: usize, cols: usize) -> &[u8] {
         let s = vec_dot_type(w) as usize;
         let row = act_row_bytes(w, cols);
         let buf = &mut self.bufs[s][..row * n];
         if !self.valid[s] {
-            for (xr, out) in x[..n * cols]
-                .chunks_exact(cols)
-                .zip(buf.chunks_exact_mut(row))
-            {
-                quantize_row_for(w, xr, out);
-            }
+            let x = &x[..n * cols];
+            pool.for_rows_mut(buf, row, ROW_STEP_VALUES, &|first, out| {
+                let rows = x[first * cols..].chunks_exact(cols);
+                for (xr, out) in rows.zip(out.chunks_exact_mut(row)) {
+                    quantize_row_for(w, xr, out);
+                }
+            });
             self.valid[s] = true;
         }
         &self.bufs[s][..row * n]
     }
 }
+
+/// The fewest values of a per-token step (a row's quantisation, the gated unit) that one
+/// [`Pool::for_rows_mut`] chunk takes: a few microseconds of work, so that handing a chunk to
+/// another thread costs little beside it.
+pub const ROW_STEP_VALUES: usize = 8 << 10;
 
 /// Bytes of one activation row of `cols` values for weights of type `w`.
 fn act_row_bytes(w: GgmlType, cols: usize) -> usize {

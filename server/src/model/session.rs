@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use super::arch::Ffn;
 use super::attention;
 use super::kv_cache::{KvCache, LLAMA_BATCH, MAX_DRAFT, REWIND, UBATCH};
-use super::matmul::{matmul, Acts, Outs};
+use super::matmul::{matmul, Acts, Outs, ROW_STEP_VALUES};
 use super::ops;
 use super::scratch::{Scratch, ScratchLayout};
 use super::weights::{Layer, Mat, Weights};
@@ -372,7 +372,7 @@ impl Batch<'_> {
     /// float order of a llama.cpp matmul over `llama_rows` rows. `acts` holds `x` quantised, or
     /// was invalidated since the last input.
     pub fn matmul(&self, acts: &mut Acts, mat: &Mat, x: &[f32], out: &mut [f32], rows: usize) {
-        let a = acts.get(mat.ty, x, self.n, mat.cols);
+        let a = acts.get(&self.m.pool, mat.ty, x, self.n, mat.cols);
         let order = DotOrder::of(mat.ty, mat.rows, rows);
         let file = self.m.gguf.bytes();
         let outs = Outs::contiguous(out, self.n, mat.rows);
@@ -458,12 +458,16 @@ fn ffn_block(b: &Batch, l: &Layer, rows: usize, s: &mut Scratch) {
     s.acts.invalidate();
     b.matmul(&mut s.acts, &l.w_gate, &s.xn, &mut s.gate, rows);
     b.matmul(&mut s.acts, &l.w_up, &s.xn, &mut s.up, rows);
-    let len = b.n * c.n_ff;
-    let (gate, up) = (&mut s.gate[..len], &s.up[..len]);
-    match c.spec.ffn {
-        Ffn::GeGlu => ops::geglu(gate, up),
-        Ffn::SwiGlu => ops::swiglu(gate, up),
-    }
+    let (len, n_ff, ffn) = (b.n * c.n_ff, c.n_ff, c.spec.ffn);
+    let up = &s.up[..len];
+    b.m.pool
+        .for_rows_mut(&mut s.gate[..len], n_ff, ROW_STEP_VALUES, &|first, gate| {
+            let up = &up[first * n_ff..first * n_ff + gate.len()];
+            match ffn {
+                Ffn::GeGlu => ops::geglu(gate, up),
+                Ffn::SwiGlu => ops::swiglu(gate, up),
+            }
+        });
     s.acts.invalidate();
     b.matmul(&mut s.acts, &l.w_down, &s.gate, &mut s.o, rows);
     b.post_norm(l.post_ffn_norm.as_deref(), &mut s.o);
@@ -493,7 +497,7 @@ fn logits(
     }
     s.acts.invalidate();
     let w = &m.weights.output;
-    let a = s.acts.get(w.ty, &s.xn[..n * d], n, d);
+    let a = s.acts.get(&m.pool, w.ty, &s.xn[..n * d], n, d);
     // The logits are no matmul's input: they may sum in any order (see DotOrder::Free). With
     // several rows (teacher forcing) llama.cpp's order is kept, as the diagnostics compare it.
     let order = if n == 1 || grouping == Grouping::Alone {
