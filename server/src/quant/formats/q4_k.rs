@@ -164,7 +164,7 @@ avx2! {
                 // SAFETY: as in `dot_x4`; `quads_ahead` checks the lengths.
                 DotOrder::Repacked => unsafe {
                     let n_rows = out.len();
-                    quads_ahead(rows, row_bytes, a.len(), n_rows, |i, w, next| {
+                    quads_ahead::<I, _>(rows, row_bytes, a.len(), n_rows, |i, w, next| {
                         out[i..i + 4].copy_from_slice(&gemv_4rows_ahead::<I>(w, next, a))
                     })
                 },

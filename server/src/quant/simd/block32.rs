@@ -233,14 +233,14 @@ pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
     let (n, n_rows) = (a.len(), out.len());
     let mut store = |i: usize, r: [f32; 4]| out[i..i + 4].copy_from_slice(&r);
     match kernel {
-        FourRows::Free => quads_ahead(rows, row_bytes, n, n_rows, |i, w, next| {
+        FourRows::Free => quads_ahead::<I, _>(rows, row_bytes, n, n_rows, |i, w, next| {
             let [r] = four_rows_free::<I, B, 1>(w, next, [a]);
             store(i, r)
         }),
-        FourRows::Exact => quads_ahead(rows, row_bytes, n, n_rows, |i, w, next| {
+        FourRows::Exact => quads_ahead::<I, _>(rows, row_bytes, n, n_rows, |i, w, next| {
             store(i, exact_4rows_ahead::<I, B>(w, next, a))
         }),
-        FourRows::Repacked => quads_ahead(rows, row_bytes, n, n_rows, |i, w, next| {
+        FourRows::Repacked => quads_ahead::<I, _>(rows, row_bytes, n, n_rows, |i, w, next| {
             store(i, repacked_4rows_ahead::<I, B>(w, next, a))
         }),
     }
@@ -277,7 +277,7 @@ pub unsafe fn free_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     if outs.len() != N || outs.iter().any(|o| o.len() != n_rows) {
         return 0;
     }
-    quads_ahead(rows, row_bytes, a[0].len(), n_rows, |i, w, next| {
+    quads_ahead::<I, _>(rows, row_bytes, a[0].len(), n_rows, |i, w, next| {
         for (o, r) in outs.iter_mut().zip(four_rows_free::<I, B, N>(w, next, a)) {
             o[i..i + 4].copy_from_slice(&r);
         }

@@ -34,15 +34,15 @@ pub mod super_block;
 ///
 /// The rows are streams too short for the hardware prefetcher to ramp up on, and requesting a
 /// whole quad's lines at once stalls on the core's few miss buffers; requested block by block,
-/// one quad ahead, the loads keep streaming (the default model's Q8_0 LM head in decode:
-/// +18-35 % tok/s, 1 thread, Zen 3).
+/// [`quads_ahead_of`] quads ahead, the loads keep streaming (the default model's Q8_0 LM head in
+/// decode: +18-35 % tok/s, 1 thread, Zen 3).
 ///
 /// Its callers, decode's mat-vec entry points, are `#[inline(never)]`: in a function of its own
 /// the compiler inlines a kernel's helpers (the maps over the rows) into the loop; inlined into
 /// `dot_rows`' dispatch, which holds every order's kernels, they were left as calls (Q4_0
 /// decode -25 %).
 #[inline(always)]
-pub unsafe fn quads_ahead<B: Block>(
+pub unsafe fn quads_ahead<I: Isa, B: Block>(
     rows: &[u8],
     row_bytes: usize,
     n: usize,
@@ -57,14 +57,28 @@ pub unsafe fn quads_ahead<B: Block>(
         let bytes = rows.get(q * quad..(q + 1) * quad)?;
         Some(std::array::from_fn(|r| blocks(&bytes[r * row_bytes..(r + 1) * row_bytes])))
     };
-    if let Some(first) = rows.get(..quad) {
-        crate::quant::prefetch(first);
-    }
+    let ahead = quads_ahead_of::<I>();
+    crate::quant::prefetch(&rows[..(ahead * quad).min(rows.len())]);
     let quads = n_rows / 4;
     for q in 0..quads {
-        kernel(4 * q, quad_rows(q).expect("whole quads"), quad_rows(q + 1));
+        kernel(4 * q, quad_rows(q).expect("whole quads"), quad_rows(q + ahead));
     }
     4 * quads
+}
+
+/// How far ahead, in quads, [`quads_ahead`] requests. The CPUs with VNNI (Zen 4 and 5, Intel
+/// from Cascade Lake) honour `prefetcht1` (L2, see [`request_next`]), whose deeper queue keeps
+/// two quads in flight: the default model's decode on Zen 4, 3 alternating runs of `bench -n 32`,
+/// 1 thread: 43.5-54.2 tok/s one quad ahead, 67.7-71.7 two, 70.6-72.2 four (Gemma 1B IQ4_XS
+/// 17.5-20.9, 21.0-24.2, 21.5-23.1). The rest (Zen 1-3, whose hints all fill L1) keep one: on
+/// Zen 3 two quads ahead was 4-8 % slower (35.9/32.8/31.7 vs 38.4/35.9/33.6 tok/s).
+#[inline(always)]
+pub const fn quads_ahead_of<I: Isa>() -> usize {
+    if I::VNNI {
+        2
+    } else {
+        1
+    }
 }
 
 /// Requests every cache line of block `b` into L2 ([`crate::quant::prefetch`] over its bytes).
