@@ -164,9 +164,7 @@ impl Pool {
             Wait::Joined,
         );
     }
-}
 
-impl Pool {
     /// Runs `f(first_row, rows)` over `data` cut into rows of `row_len` values, at least
     /// `min_values` values per chunk (whole rows), the chunks shared out as in
     /// [`Pool::for_chunks`]: prefill's per-token steps (an activation row's quantisation, the

@@ -286,7 +286,8 @@ pub(crate) fn prefetch(bytes: &[u8]) {
 }
 
 /// Asks the CPU to load `bytes` into L1 (`prefetcht0`), for lines a kernel reads within a few
-/// hundred cycles (the next block of the rows it streams, the next panel of a GEMM).
+/// hundred cycles: prefill's next GEMM panel. Decode's requests go to L2 ([`prefetch`]; see
+/// `simd::request_next`).
 #[inline(always)]
 pub(crate) fn prefetch_l1(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
