@@ -180,26 +180,67 @@ impl Pool {
         let row_len = row_len.max(1);
         let rows = data.len() / row_len;
         let chunk = min_values.div_ceil(row_len).max(1);
-        let base = SendPtr(data.as_mut_ptr());
+        let base = SharedMut::new(data.as_mut_ptr());
         self.for_chunks(rows, chunk, &|_, range| {
-            let base = &base;
             // SAFETY: `for_chunks` hands out disjoint row ranges below `rows`, so each call
             // borrows its own part of `data`, which outlives the dispatch.
-            let part = unsafe {
-                std::slice::from_raw_parts_mut(
-                    base.0.add(range.start * row_len),
-                    range.len() * row_len,
-                )
-            };
+            let part = unsafe { base.slice_mut(range.start * row_len, range.len() * row_len) };
             f(range.start, part);
         });
     }
 }
 
-/// A pointer to data that [`Pool::for_rows_mut`] hands out in disjoint parts.
-struct SendPtr<T>(*mut T);
-// SAFETY: only disjoint parts are reached through it, one thread each, and `T: Send`.
-unsafe impl<T: Send> Sync for SendPtr<T> {}
+/// A pointer into one buffer that parallel tasks share, each writing its own disjoint part:
+/// [`Pool::for_rows_mut`]'s rows, a matmul's output rows, attention's (token, head) outputs
+/// and per-thread scratch.
+///
+/// The borrow checker cannot see that the parts are disjoint, so the caller takes the buffer's
+/// pointer (`new`), shares the wrapper with the tasks (it is `Sync` and `Send` when `T: Send`),
+/// and each task borrows its part with [`SharedMut::slice_mut`]. Sharing is sound as long as
+/// the callers keep its contract: every element is reached by at most one task at a time, the
+/// parts stay inside the buffer, and the buffer outlives the tasks (and is not otherwise
+/// touched while they run).
+///
+/// The pointer is reached through methods only, so that closures capture the whole (`Sync`)
+/// wrapper rather than its raw-pointer field.
+pub(crate) struct SharedMut<T>(*mut T);
+
+// Not derived: the derive would ask `T: Copy`; the wrapper copies a pointer, not a `T`.
+impl<T> Clone for SharedMut<T> {
+    #[inline]
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
+
+// SAFETY: tasks reach only disjoint parts of the buffer through it, each part from one thread
+// at a time (the contract of `slice_mut`), and `T: Send`, so handing those parts to other
+// threads is sound.
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+// SAFETY: as for `Sync`.
+unsafe impl<T: Send> Send for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    /// Wraps `ptr`, the start of the shared buffer (may be null or dangling if never
+    /// dereferenced through [`SharedMut::slice_mut`]).
+    #[inline]
+    pub(crate) fn new(ptr: *mut T) -> Self {
+        SharedMut(ptr)
+    }
+
+    /// The `len` elements from `start` of the buffer.
+    ///
+    /// # Safety
+    /// `start..start + len` lies inside the buffer the pointer came from, which stays alive
+    /// and is not otherwise accessed for `'a`; no other live reference (this task's or another
+    /// task's) overlaps these elements for `'a`.
+    #[inline]
+    pub(crate) unsafe fn slice_mut<'a>(self, start: usize, len: usize) -> &'a mut [T] {
+        // SAFETY: in bounds and unaliased (the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
+}
 
 /// Spins, then yields, until `done()`.
 fn spin_until(done: impl Fn() -> bool) {

@@ -11,6 +11,7 @@ use super::ops;
 use super::scratch::{CosSin, Scratch};
 use super::session::{Batch, Segment};
 use super::weights::Layer;
+use crate::threads::SharedMut;
 
 /// `s.o = post_norm(wo · attention(rope(qk_norm(q, k)), v))` with q, k, v projected from
 /// `norm(s.x)`, for the batch's tokens at layer `il`. The projections take every row of the
@@ -137,13 +138,6 @@ pub(super) fn head_scratch(head_dim: usize) -> usize {
     (MAX_ROWS + F16Dot::MAX_LANES) * head_dim
 }
 
-/// A raw pointer shared by attention tasks that write disjoint (token, head) slices.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-// SAFETY: each task writes only its own (token, head) output slices and its own thread's scratch.
-unsafe impl Sync for SharedMut {}
-unsafe impl Send for SharedMut {}
-
 /// The shapes and arithmetic of one layer's attention heads.
 struct Heads {
     hd: usize,
@@ -198,27 +192,20 @@ fn attend(
     let row_len = row_len(b.n_ctx);
     let n_tasks = c.n_head_kv * (seg.n * h.group).div_ceil(rows);
     let (out_p, scores_p, qh_p) = (
-        SharedMut(out.as_mut_ptr()),
-        SharedMut(scores.as_mut_ptr()),
-        SharedMut(qh.as_mut_ptr()),
+        SharedMut::new(out.as_mut_ptr()),
+        SharedMut::new(scores.as_mut_ptr()),
+        SharedMut::new(qh.as_mut_ptr()),
     );
     // Each chunk gets at least ~32k multiply-adds, so short contexts stay on the calling thread
     // instead of paying a worker's wake-up.
     let chunk = (32 << 10) / ((seg.pos0 + seg.n) * h.hd * rows).max(1);
     b.m.pool
         .for_chunks(n_tasks, chunk.max(1), &|thread, range| {
-            let (out_p, scores_p, qh_p) = (out_p, scores_p, qh_p);
             // SAFETY: each thread has its own scratch regions (sized by score_row / head_scratch).
             let (sc, scratch) = unsafe {
                 (
-                    std::slice::from_raw_parts_mut(
-                        scores_p.0.add(thread * score_row(b.n_ctx)),
-                        score_row(b.n_ctx),
-                    ),
-                    std::slice::from_raw_parts_mut(
-                        qh_p.0.add(thread * head_scratch(h.hd)),
-                        head_scratch(h.hd),
-                    ),
+                    scores_p.slice_mut(thread * score_row(b.n_ctx), score_row(b.n_ctx)),
+                    qh_p.slice_mut(thread * head_scratch(h.hd), head_scratch(h.hd)),
                 )
             };
             for task in range {
@@ -274,7 +261,7 @@ unsafe fn task_rows(
     kv: &LayerKv,
     window: Option<usize>,
     q: &[f32],
-    out: SharedMut,
+    out: SharedMut<f32>,
     task: usize,
     rows: usize,
     sc: &mut [f32],
@@ -290,7 +277,7 @@ unsafe fn task_rows(
         let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
         let qrow = &q[t * h.qd + head * h.hd..t * h.qd + (head + 1) * h.hd];
         // SAFETY: (t, head) is this task's own output row (the caller's contract).
-        let o = std::slice::from_raw_parts_mut(out.0.add(t * h.qd + head * h.hd), h.hd);
+        let o = out.slice_mut(t * h.qd + head * h.hd, h.hd);
         (first, pos, qrow, o)
     });
     #[cfg(all(

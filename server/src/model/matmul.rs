@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use crate::quant::{
     dot_rows_batch, dot_rows_multi, quantize_row_for, vec_dot_type, DotOrder, GgmlType,
 };
-use crate::threads::Pool;
+use crate::threads::{Pool, SharedMut};
 
 /// Quantised copies of the current input, one per activation format of the type table (a matmul's
 /// weights take [`vec_dot_type`]), so one input can feed weights of several types. Allocated
@@ -81,25 +81,11 @@ fn sizes<'a>(mats: impl Iterator<Item = &'a Mat>, n_tokens: usize) -> [usize; Gg
     sizes
 }
 
-/// A raw pointer that tasks writing disjoint elements may share.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: every task writes a disjoint set of indices (its own rows).
-unsafe impl Sync for SharedOut {}
-unsafe impl Send for SharedOut {}
-
-impl SharedOut {
-    /// Through a method, so closures capture the whole (Sync) wrapper, not the raw pointer.
-    fn at(self, i: usize) -> *mut f32 {
-        // SAFETY: callers pass indices inside the buffer the pointer came from.
-        unsafe { self.0.add(i) }
-    }
-}
-
 /// Where a matmul writes: for each of its activation rows, a buffer of at least `w.rows`
 /// outputs — rows of one matrix, or (a batch of sessions) each session's own logits.
 pub struct Outs<'a> {
-    rows: [SharedOut; UBATCH],
+    /// Each row's buffer, shared by the matmul's tasks: each writes its own rows of every one.
+    rows: [SharedMut<f32>; UBATCH],
     n: usize,
     len: usize,
     _borrow: PhantomData<&'a mut [f32]>,
@@ -115,7 +101,7 @@ impl<'a> Outs<'a> {
     /// One buffer per activation row, each of at least `len`.
     pub fn rows(rows: impl IntoIterator<Item = &'a mut [f32]>, len: usize) -> Outs<'a> {
         let mut outs = Outs {
-            rows: [SharedOut(std::ptr::null_mut()); UBATCH],
+            rows: [SharedMut::new(std::ptr::null_mut()); UBATCH],
             n: 0,
             len,
             _borrow: PhantomData,
@@ -123,7 +109,7 @@ impl<'a> Outs<'a> {
         for row in rows {
             assert!(row.len() >= len, "output row too short");
             assert!(outs.n < UBATCH, "at most {UBATCH} output rows");
-            outs.rows[outs.n] = SharedOut(row.as_mut_ptr());
+            outs.rows[outs.n] = SharedMut::new(row.as_mut_ptr());
             outs.n += 1;
         }
         outs
@@ -167,7 +153,7 @@ pub fn matmul(
         // SAFETY: this chunk owns rows `range` of every activation row's output, disjoint from
         // the other chunks', and range.end <= w.rows <= out.len.
         let out_of = |t: usize, rows: &std::ops::Range<usize>| unsafe {
-            std::slice::from_raw_parts_mut(out.rows[t].at(rows.start), rows.len())
+            out.rows[t].slice_mut(rows.start, rows.len())
         };
         let weights_of =
             |rows: &std::ops::Range<usize>| &data[rows.start * w.row_bytes..rows.end * w.row_bytes];

@@ -5,9 +5,10 @@
 use half::f16;
 use proptest::prelude::*;
 
-use super::{head_scalar, head_scratch, row_len, score_row, task_rows, F16Dot, Heads, SharedMut};
+use super::{head_scalar, head_scratch, row_len, score_row, task_rows, F16Dot, Heads};
 use crate::model::kv_cache::LayerKv;
 use crate::model::session::Segment;
+use crate::threads::SharedMut;
 
 /// SplitMix64, so proptest only has to shrink a seed.
 struct Rng(u64);
@@ -108,7 +109,7 @@ fn check(seed: u64) {
 
     for rows in 1..=super::MAX_ROWS {
         let mut got = vec![f32::NAN; n * h.qd];
-        let out = SharedMut(got.as_mut_ptr());
+        let out = SharedMut::new(got.as_mut_ptr());
         let n_tasks = n_kv * (n * group).div_ceil(rows);
         for task in 0..n_tasks {
             // SAFETY: the tasks write disjoint rows of `got`, one at a time.
