@@ -240,9 +240,9 @@ avx2! {
             // `scaled_rows` checks the lengths it relies on.
             unsafe {
                 if I::VNNI {
-                    scaled_rows(rows, row_bytes, a, order, out, |b: &BlockIq4Xs, y| b.sumi_n::<I, 1>(y))
+                    scaled_rows::<I, _>(rows, row_bytes, a, order, out, |b: &BlockIq4Xs, y| b.sumi_n::<I, 1>(y))
                 } else {
-                    scaled_rows(rows, row_bytes, a, order, out, |b: &BlockIq4Xs, [y]| [b.sumi(y)])
+                    scaled_rows::<I, _>(rows, row_bytes, a, order, out, |b: &BlockIq4Xs, [y]| [b.sumi(y)])
                 }
             }
         }

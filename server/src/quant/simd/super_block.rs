@@ -349,12 +349,12 @@ pub unsafe fn scaled_dot_n<B: ScaledBlock, const N: usize>(
 }
 
 /// Decode's mat-vec for a mins-free K-quant dotted row by row: `out[i]` = row i · `a`, each
-/// exactly [`scaled_dot_n`] with `sumi`, while row i requests row i + [`AHEAD_ROWS`]'s
+/// exactly [`scaled_dot_n`] with `sumi`, while row i requests row i + [`rows_ahead_of`]'s
 /// super-block j as it reads its own j. Returns how many rows it wrote (all, or none when the
 /// lengths do not fit).
 // Not inlined: see `quads_ahead`.
 #[inline(never)]
-pub unsafe fn scaled_rows<B: ScaledBlock + Block>(
+pub unsafe fn scaled_rows<I: Isa, B: ScaledBlock + Block>(
     rows: &[u8],
     row_bytes: usize,
     a: &[BlockQ8K],
@@ -366,17 +366,29 @@ pub unsafe fn scaled_rows<B: ScaledBlock + Block>(
         return 0;
     }
     let row = |i: usize| rows.get(i * row_bytes..(i + 1) * row_bytes).map(blocks::<B>);
-    crate::quant::prefetch(&rows[..row_bytes * AHEAD_ROWS.min(out.len())]);
+    let ahead = rows_ahead_of::<I>();
+    crate::quant::prefetch(&rows[..row_bytes * ahead.min(out.len())]);
     for (i, o) in out.iter_mut().enumerate() {
         let w = row(i).expect("in bounds");
-        [*o] = scaled_dot_ahead(w, row(i + AHEAD_ROWS), [a], order, &sumi);
+        [*o] = scaled_dot_ahead(w, row(i + ahead), [a], order, &sumi);
     }
     out.len()
 }
 
 /// How many rows ahead [`scaled_rows`] requests lines: the rows are read one after another, so
-/// this is the distance in the matrix's one stream (two 2048-wide Q6_K rows: 3.4 KB).
-const AHEAD_ROWS: usize = 2;
+/// this is the distance in the matrix's one stream (two 2048-wide Q6_K rows: 3.4 KB). The CPUs
+/// with VNNI put the requests in L2 ([`super::quads_ahead_of`]) and want twice that: Llama 1B's
+/// decode (a 128256×2048 Q6_K LM head) on Zen 4, `bench -n 32`, 1 thread, 3 alternating runs,
+/// two rows ahead vs four: Q4_K_M 18.1/19.2/18.5 vs 18.9/20.2/19.7 tok/s, Q4_0 19.5/19.3 vs
+/// 21.1/20.5; eight was no better (17.3/19.7/19.2), nor were 2 threads, within their noise.
+#[inline(always)]
+const fn rows_ahead_of<I: Isa>() -> usize {
+    if I::VNNI {
+        4
+    } else {
+        2
+    }
+}
 
 /// [`scaled_dot_n`], requesting super-block i of `ahead` (every line of it) as it reads its own.
 #[inline(always)]
