@@ -62,7 +62,7 @@ avx2! {
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{
         broadcast_i16_mask, check_table_rows, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
-        k4_scaled_sum_of, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
+        k4_scaled_sum_of, k4_scaled_sums_x, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
     };
     use crate::quant::simd::panel_k4;
     use crate::quant::simd::{
@@ -260,21 +260,19 @@ avx2! {
             // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
             let b = w.map(|w| w.get_unchecked(i));
             let sub_sums = k4_sub_sums(y);
-            let mut sums = [_mm256_setzero_si256(); 4];
-            let mut mins = [_mm_setzero_si128(); 4];
-            for r in 0..4 {
-                let (scales, m) = k4_scales_mins(b[r]);
-                sums[r] = k4_scaled_sum_of::<I>(scales, y, &k4_chunks(b[r]));
-                mins[r] = _mm_madd_epi16(m, sub_sums);
-            }
+            let scales_mins = b.map(|b| k4_scales_mins(b));
+            let sums = k4_scaled_sums_x::<I, _, 4>(scales_mins.map(|(s, _)| s), y, b);
+            let mins = scales_mins.map(|(_, m)| _mm_madd_epi16(m, sub_sums));
             let mins = _mm_hadd_epi32(_mm_hadd_epi32(mins[0], mins[1]), _mm_hadd_epi32(mins[2], mins[3]));
             let d_a = _mm_set1_ps(y.d());
-            let f16x4 = |f: fn(&BlockQ4K) -> [u8; 2]| {
-                let h = b.map(|b| i16::from_le_bytes(f(b)));
+            // The four rows' halves as values, not through a `fn` pointer: LLVM left those as
+            // calls (eight per super-block, each spilling the vector registers).
+            let f16x4 = |h: [[u8; 2]; 4]| {
+                let h = h.map(i16::from_le_bytes);
                 _mm_mul_ps(_mm_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], 0, 0, 0, 0)), d_a)
             };
-            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(sums)), f16x4(|b| b.d), acc);
-            acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), f16x4(|b| b.dmin), acc_min);
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(sums)), f16x4(b.map(|b| b.d)), acc);
+            acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), f16x4(b.map(|b| b.dmin)), acc_min);
         }
         lanes(_mm_sub_ps(acc, acc_min))
     }

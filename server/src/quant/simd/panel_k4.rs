@@ -225,14 +225,15 @@ unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS], out: &mut MaybeUninit<P
         _mm256_cvtepu8_epi16(load128(scales_mins_k4(&b.scales).as_ptr()))
     }));
     let scales = std::array::from_fn(|s| scale_lanes::<I>(pairs[s / 2], s % 2));
-    let f16x8 = |f: fn(&BlockQ4K) -> [u8; 2]| {
-        let h = b.map(|b| i16::from_le_bytes(f(b)));
+    // The halves as values, not through a `fn` pointer (which LLVM may leave as calls).
+    let f16x8 = |h: [[u8; 2]; 8]| {
+        let h = h.map(i16::from_le_bytes);
         _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
     };
     std::ptr::addr_of_mut!((*out).scales).write(scales);
     std::ptr::addr_of_mut!((*out).mins).write([pairs[4], pairs[5], pairs[6], pairs[7]]);
-    std::ptr::addr_of_mut!((*out).d).write(f16x8(|b| b.d));
-    std::ptr::addr_of_mut!((*out).dmin).write(f16x8(|b| b.dmin));
+    std::ptr::addr_of_mut!((*out).d).write(f16x8(b.map(|b| b.d)));
+    std::ptr::addr_of_mut!((*out).dmin).write(f16x8(b.map(|b| b.dmin)));
 }
 
 /// i16 `h` (0 or 1) of each i32 lane of `pair` in the form [`PanelBlock::scales`] keeps.

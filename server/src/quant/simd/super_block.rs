@@ -89,6 +89,31 @@ pub unsafe fn k4_scaled_sum_of<I: Isa>(
     sumi
 }
 
+/// [`k4_scaled_sum_of`] for `R` super-blocks against one activation super-block, chunk by
+/// chunk across the blocks: the `R` chains interleave, so each one's `vpdpwssd` latency hides
+/// behind the others' work instead of leaving the scheduler to find it across a whole block's
+/// instructions; each chunk's activations are loaded once. Integer sums, so every lane is what
+/// [`k4_scaled_sum_of`] gives its block.
+#[inline(always)]
+pub unsafe fn k4_scaled_sums_x<I: Isa, B: K4Block, const R: usize>(
+    scales: [__m256i; R],
+    a: &BlockQ8K,
+    b: [&B; R],
+) -> [__m256i; R] {
+    let mut sums = [_mm256_setzero_si256(); R];
+    for c in 0..4 {
+        for r in 0..R {
+            let chunk = b[r].chunk(c);
+            sums[r] = if I::VNNI {
+                k4_chunk_acc::<I>(sums[r], scales[r], a, c, chunk)
+            } else {
+                _mm256_add_epi32(sums[r], k4_chunk_sum::<I>(scales[r], a, c, chunk))
+            };
+        }
+    }
+    sums
+}
+
 /// A [`K4Block`] super-block's scales and mins, unpacked once: the eight 6-bit scales as i16 in
 /// both 128-bit halves (the layout [`k4_scaled_sum_of`] takes), and the eight mins as i16.
 #[inline(always)]
