@@ -201,6 +201,29 @@ avx2! {
             _mm256_broadcastsi128_si256(scales)
         }
 
+        /// [`ScaledBlock::sumi`] of `R` super-blocks (weight rows) against one activation
+        /// super-block, sub-block by sub-block across the rows so that their `R` chains
+        /// interleave: each row's lanes are its [`BlockIq4Xs::sumi_n`]'s.
+        #[inline(always)]
+        unsafe fn sumi_rows<I: Isa, const R: usize>(b: [&Self; R], y: &BlockQ8K) -> [__m256i; R] {
+            let grid = iq4nl_grid();
+            let scales = b.map(|b| b.scales16());
+            let mut sumi = [_mm256_setzero_si256(); R];
+            for s in 0..8 {
+                let act = load256(y.qs.as_ptr().add(32 * s).cast());
+                for r in 0..R {
+                    let q = _mm256_shuffle_epi8(grid, nibbles_32(b[r].qs.as_ptr().add(16 * s)));
+                    let scale = _mm256_shuffle_epi8(scales[r], broadcast_i16_mask(s as i16));
+                    sumi[r] = if I::VNNI {
+                        dpwssd::<I>(sumi[r], mul_i8_pairs(q, act), scale)
+                    } else {
+                        _mm256_add_epi32(sumi[r], _mm256_madd_epi16(mul_i8_pairs(q, act), scale))
+                    };
+                }
+            }
+            sumi
+        }
+
         /// `Σ_s (ls_s-32)·(v·a)_s` against `N` activation super-blocks (integer, so only the
         /// lanes matter); sub-block s reads qs[16s..16s+16], looked up once for all `N`.
         #[inline(always)]
@@ -240,9 +263,9 @@ avx2! {
             // `scaled_rows` checks the lengths it relies on.
             unsafe {
                 if I::VNNI {
-                    scaled_rows::<I, _>(rows, row_bytes, a, order, out, |b: &BlockIq4Xs, y| b.sumi_n::<I, 1>(y))
+                    scaled_rows::<I, _, 4>(rows, row_bytes, a, order, out, |b, y| BlockIq4Xs::sumi_rows::<I, 4>(b, y))
                 } else {
-                    scaled_rows::<I, _>(rows, row_bytes, a, order, out, |b: &BlockIq4Xs, [y]| [b.sumi(y)])
+                    scaled_rows::<I, _, 1>(rows, row_bytes, a, order, out, |[b]: [&BlockIq4Xs; 1], y| [b.sumi(y)])
                 }
             }
         }

@@ -201,9 +201,9 @@ avx2! {
             // `scaled_rows` checks the lengths it relies on.
             unsafe {
                 if I::VNNI {
-                    scaled_rows::<I, _>(rows, row_bytes, a, order, out, |b: &BlockQ6K, y| b.sumi_n::<I, 1>(y))
+                    scaled_rows::<I, _, 1>(rows, row_bytes, a, order, out, |[b]: [&BlockQ6K; 1], y| b.sumi_n::<I, 1>([y]))
                 } else {
-                    scaled_rows::<I, _>(rows, row_bytes, a, order, out, |b: &BlockQ6K, [y]| [b.sumi(y)])
+                    scaled_rows::<I, _, 1>(rows, row_bytes, a, order, out, |[b]: [&BlockQ6K; 1], y| [b.sumi(y)])
                 }
             }
         }
