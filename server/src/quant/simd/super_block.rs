@@ -454,32 +454,32 @@ unsafe fn scaled_rows_ahead<B: ScaledBlock, const R: usize>(
     order: DotOrder,
     sumi: &impl Fn([&B; R], &BlockQ8K) -> [__m256i; R],
 ) -> [f32; R] {
-    let step = |i: usize| {
+    let step = |i: usize, y: &BlockQ8K| {
         for x in ahead.iter().filter_map(|x| x.and_then(|x| x.get(i))) {
             request_block(x);
         }
         // SAFETY (get_unchecked): every row has a.len() blocks (`scaled_rows` checked the
         // lengths) and i < a.len().
         let b = w.map(|w| w.get_unchecked(i));
-        (b, sumi(b, &a[i]))
+        (b, sumi(b, y))
     };
     match order {
         DotOrder::Tiled => {
             let mut acc = [0.0f32; R];
-            for i in 0..a.len() {
-                let (b, s) = step(i);
+            for (i, y) in a.iter().enumerate() {
+                let (b, s) = step(i, y);
                 for r in 0..R {
-                    acc[r] = tiled_step(f16_to_f32(b[r].d()), s[r], &a[i], acc[r]);
+                    acc[r] = tiled_step(f16_to_f32(b[r].d()), s[r], y, acc[r]);
                 }
             }
             acc
         }
         _ => {
             let mut acc = [_mm256_setzero_ps(); R];
-            for i in 0..a.len() {
-                let (b, s) = step(i);
+            for (i, y) in a.iter().enumerate() {
+                let (b, s) = step(i, y);
                 for r in 0..R {
-                    acc[r] = vec_dot_step(f16_to_f32(b[r].d()), s[r], &a[i], acc[r]);
+                    acc[r] = vec_dot_step(f16_to_f32(b[r].d()), s[r], y, acc[r]);
                 }
             }
             acc.map(|v| hsum(v))
