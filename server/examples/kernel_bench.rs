@@ -11,16 +11,23 @@
 //! Other processes on a shared machine stretch the wall-clock time, so the kernel's own rate is
 //! also given per second of this thread's on-CPU time (`/proc/thread-self/schedstat`).
 //!
-//! `cargo run -p llm-server --release --example kernel_bench [-- TYPE:N[:ORDER] ...]`
+//! `--bytes B` sets the matrix size instead (rounded down to whole groups of eight rows): a
+//! matrix that fits in L2 (`--bytes 800000`) shows what the kernel's instructions allow, apart
+//! from memory; a kernel no faster from L2 than from memory is bound by its instructions.
+//!
+//! `cargo run -p llm-server --release --example kernel_bench [-- [--bytes B] TYPE:N[:ORDER] ...]`
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use llm_server::quant::{dot_rows, quantize_row_for, random_row, vec_dot_type, DotOrder, GgmlType};
 
-/// Bytes of the weight matrix per case: the size of the Q8_0 LM head.
+/// Bytes of the weight matrix per case unless `--bytes` says: the size of the Q8_0 LM head.
 const MATRIX_BYTES: usize = 262_144 * 680;
 const PASSES: usize = 5;
+/// Bytes each pass reads at least: a pass of a few milliseconds or less is below the resolution
+/// of the on-CPU clock.
+const REPEAT_BYTES: usize = 400_000_000;
 
 /// SplitMix64: fills matrices quickly and reproducibly.
 fn next(state: &mut u64) -> u64 {
@@ -42,10 +49,10 @@ fn on_cpu() -> Duration {
     Duration::from_nanos(ns)
 }
 
-fn bench(ty: GgmlType, n: usize, order: Option<DotOrder>, seed: &mut u64) {
+fn bench(ty: GgmlType, n: usize, order: Option<DotOrder>, bytes: usize, seed: &mut u64) {
     let row_bytes = ty.row_bytes(n).unwrap();
     // Whole groups of eight rows, as every model's matrices come.
-    let rows = MATRIX_BYTES / row_bytes / 8 * 8;
+    let rows = (bytes / row_bytes / 8 * 8).max(8);
     let order = order.unwrap_or(DotOrder::of(ty, rows, 1));
     // Small scales keep NaN and subnormal arithmetic (slow on some CPUs) out of the timing.
     let matrix = random_row(ty, n * rows, 0.01, &mut || next(seed));
@@ -57,13 +64,18 @@ fn bench(ty: GgmlType, n: usize, order: Option<DotOrder>, seed: &mut u64) {
     quantize_row_for(ty, &x, &mut act);
     let mut out = vec![0f32; rows];
 
+    // A small matrix goes through several times per pass, so that each pass reads at least
+    // REPEAT_BYTES: the on-CPU clock ticks in milliseconds.
+    let repeats = REPEAT_BYTES.div_ceil(matrix.len()) as u32;
     let (mut wall, mut cpu) = (Duration::MAX, Duration::MAX);
     for _ in 0..PASSES {
         let (start, start_cpu) = (Instant::now(), on_cpu());
-        dot_rows(ty, order, n, &matrix, &act, &mut out);
-        black_box(&out);
-        wall = wall.min(start.elapsed());
-        cpu = cpu.min(on_cpu() - start_cpu);
+        for _ in 0..repeats {
+            dot_rows(ty, order, n, black_box(&matrix), &act, &mut out);
+            black_box(&out);
+        }
+        wall = wall.min(start.elapsed() / repeats);
+        cpu = cpu.min((on_cpu() - start_cpu) / repeats);
     }
     let gbs = |t: Duration| matrix.len() as f64 / t.as_secs_f64() / 1e9;
     println!(
@@ -79,10 +91,19 @@ fn bench(ty: GgmlType, n: usize, order: Option<DotOrder>, seed: &mut u64) {
 }
 
 fn main() {
-    let cases: Vec<_> = std::env::args()
-        .skip(1)
-        .map(|arg| parse_case(&arg))
-        .collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut bytes = MATRIX_BYTES;
+    if let Some(at) = args.iter().position(|a| a == "--bytes") {
+        bytes = match args.get(at + 1).and_then(|b| b.parse().ok()) {
+            Some(b) if b > 0 => b,
+            _ => {
+                eprintln!("--bytes: expected a positive whole number of bytes, e.g. --bytes 800000");
+                std::process::exit(2)
+            }
+        };
+        args.drain(at..at + 2);
+    }
+    let cases: Vec<_> = args.iter().map(|arg| parse_case(arg)).collect();
     let cases = if cases.is_empty() {
         GgmlType::SUPPORTED.map(|ty| (ty, 2048, None)).to_vec()
     } else {
@@ -91,7 +112,7 @@ fn main() {
     let mut seed = 0x5eed;
     println!("best of {PASSES} single-threaded passes over each matrix");
     for (ty, n, order) in cases {
-        bench(ty, n, order, &mut seed);
+        bench(ty, n, order, bytes, &mut seed);
     }
 }
 
