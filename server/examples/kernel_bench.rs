@@ -15,12 +15,18 @@
 //! matrix that fits in L2 (`--bytes 800000`) shows what the kernel's instructions allow, apart
 //! from memory; a kernel no faster from L2 than from memory is bound by its instructions.
 //!
-//! `cargo run -p llm-server --release --example kernel_bench [-- [--bytes B] TYPE:N[:ORDER] ...]`
+//! `--kernels avx2` runs the x86-64-v3 kernels on a CPU that has VNNI (as the server's flag).
+//!
+//! `cargo run -p llm-server --release --example kernel_bench [-- [--bytes B] [--kernels K]
+//! TYPE:N[:ORDER] ...]`
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use llm_server::quant::{dot_rows, quantize_row_for, random_row, vec_dot_type, DotOrder, GgmlType};
+use clap::ValueEnum;
+use llm_server::quant::{
+    dot_rows, isa, quantize_row_for, random_row, vec_dot_type, DotOrder, GgmlType,
+};
 
 /// Bytes of the weight matrix per case unless `--bytes` says: the size of the Q8_0 LM head.
 const MATRIX_BYTES: usize = 262_144 * 680;
@@ -97,10 +103,26 @@ fn main() {
         bytes = match args.get(at + 1).and_then(|b| b.parse().ok()) {
             Some(b) if b > 0 => b,
             _ => {
-                eprintln!("--bytes: expected a positive whole number of bytes, e.g. --bytes 800000");
+                eprintln!(
+                    "--bytes: expected a positive whole number of bytes, e.g. --bytes 800000"
+                );
                 std::process::exit(2)
             }
         };
+        args.drain(at..at + 2);
+    }
+    if let Some(at) = args.iter().position(|a| a == "--kernels") {
+        let choice = args
+            .get(at + 1)
+            .and_then(|k| isa::Choice::from_str(k, true).ok());
+        let Some(choice) = choice else {
+            eprintln!("--kernels: expected avx2 or vnni");
+            std::process::exit(2)
+        };
+        if let Err(e) = isa::select(choice) {
+            eprintln!("{e}");
+            std::process::exit(2)
+        }
         args.drain(at..at + 2);
     }
     let cases: Vec<_> = args.iter().map(|arg| parse_case(arg)).collect();
@@ -110,7 +132,10 @@ fn main() {
         cases
     };
     let mut seed = 0x5eed;
-    println!("best of {PASSES} single-threaded passes over each matrix");
+    println!(
+        "best of {PASSES} single-threaded passes over each matrix, {} kernels",
+        isa::selected()
+    );
     for (ty, n, order) in cases {
         bench(ty, n, order, bytes, &mut seed);
     }

@@ -51,7 +51,8 @@ avx2! {
     use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
     use crate::quant::simd::panel;
     use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
-    use crate::quant::simd::{dpbusd_mem, iq4nl_grid, nibbles_32};
+    use crate::quant::simd::gemv_nibbles::{self, NibbleBlock};
+    use crate::quant::simd::{dot_i8_quads, dpbusd, dpbusd_mem, iq4nl_grid, nibbles_32};
     use crate::quant::DotOrder;
 
     /// Blocks per tile of [`repacked_rows_x8`]: 48 × 544 bytes of widened activations, 26 KiB.
@@ -132,6 +133,43 @@ avx2! {
         }
     }
 
+    impl NibbleBlock for BlockIq4Nl {
+        #[inline(always)]
+        fn qs(&self) -> &[u8; 16] {
+            &self.qs
+        }
+
+        #[inline(always)]
+        fn offset<I: Isa>() -> i32 {
+            if I::VNNI {
+                128
+            } else {
+                0
+            }
+        }
+
+        /// With VNNI the grid plus 128 ([`iq4::grid_u8_table`]) by `vpdpbusd` into i32 lanes;
+        /// otherwise the signed grid by `maddubs` with the sign moved onto the activations (the
+        /// i16 pair sums are at most 2·127·127), widened by `madd`. Then two rounds of `phaddd`.
+        #[inline(always)]
+        unsafe fn sums<I: Isa>(pairs: [(__m256i, __m256i); 4], a_lo: __m256i, a_hi: __m256i) -> __m256i {
+            let [p0, p1, p2, p3] = pairs.map(|(lo, hi)| {
+                if I::VNNI {
+                    let grid = iq4::grid_u8_table();
+                    let lo = _mm256_shuffle_epi8(grid, lo);
+                    let hi = _mm256_shuffle_epi8(grid, hi);
+                    dpbusd::<I>(dpbusd::<I>(_mm256_setzero_si256(), lo, a_lo), hi, a_hi)
+                } else {
+                    let grid = iq4nl_grid();
+                    let lo = _mm256_shuffle_epi8(grid, lo);
+                    let hi = _mm256_shuffle_epi8(grid, hi);
+                    _mm256_add_epi32(dot_i8_quads(lo, a_lo), dot_i8_quads(hi, a_hi))
+                }
+            });
+            _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3))
+        }
+    }
+
     impl<I: Isa> Kernels<I> for Iq4Nl {
         /// Repacked, [`block32::repacked_4rows`] quad by quad, each requesting the next as it
         /// goes ([`block32::rows_ahead`]); the other orders read rows one by one.
@@ -148,7 +186,11 @@ avx2! {
             unsafe {
                 match order {
                     DotOrder::Repacked => {
-                        block32::rows_ahead::<I, BlockIq4Nl>(FourRows::Repacked, rows, row_bytes, a, out)
+                        // Eight rows at a time as far as they go (rows wider than its table:
+                        // none), the rest four at a time.
+                        let done = gemv_nibbles::rows::<I, BlockIq4Nl>(rows, row_bytes, a, out);
+                        let (rows, out) = (&rows[done * row_bytes..], &mut out[done..]);
+                        done + block32::rows_ahead::<I, BlockIq4Nl>(FourRows::Repacked, rows, row_bytes, a, out)
                     }
                     _ => 0,
                 }

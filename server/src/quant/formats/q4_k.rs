@@ -66,7 +66,7 @@ avx2! {
     };
     use crate::quant::simd::panel_k4;
     use crate::quant::simd::{
-        dpwssd, fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256, quads_ahead,
+        dpwssd, fma_scaled, fma_scaled_x4, hsum_i32, hsum_i32_128, hsum_i32_x4, lanes, load256, groups_ahead,
         request_next,
     };
     use crate::quant::DotOrder;
@@ -150,7 +150,7 @@ avx2! {
         }
 
         /// Repacked, [`gemv_4rows`] quad by quad, requesting the next quad as it goes
-        /// ([`quads_ahead`]). Not inlined, as
+        /// ([`groups_ahead`]). Not inlined, as
         /// [`rows_ahead`](crate::quant::simd::block32::rows_ahead) is not.
         #[inline(never)]
         fn gemv_rows(
@@ -161,10 +161,10 @@ avx2! {
             out: &mut [f32],
         ) -> usize {
             match order {
-                // SAFETY: as in `dot_x4`; `quads_ahead` checks the lengths.
+                // SAFETY: as in `dot_x4`; `groups_ahead` checks the lengths.
                 DotOrder::Repacked => unsafe {
                     let n_rows = out.len();
-                    quads_ahead::<I, _>(rows, row_bytes, a.len(), n_rows, |i, w, next| {
+                    groups_ahead::<I, _, 4>(rows, row_bytes, a.len(), n_rows, |i, w, next| {
                         out[i..i + 4].copy_from_slice(&gemv_4rows_ahead::<I>(w, next, a))
                     })
                 },

@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::{dpbusd, fma_scaled, quads_ahead, request_next, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
+use super::{dpbusd, fma_scaled, groups_ahead, request_next, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
 use crate::quant::blocks::{f16_to_f32, Block};
 use crate::quant::format::{dot_x4_rows_by_row, Kernels, WeightRow};
 use crate::quant::isa::Isa;
@@ -219,9 +219,9 @@ pub unsafe fn vec_dot_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
 
 /// Decode's mat-vec through the four-row kernels: `out[i]` = row i · `a` for the rows in whole
 /// quads, each bit-identical to what `kernel`'s four-row kernel without the request gives it,
-/// while every quad requests the next quad's lines as it goes ([`quads_ahead`]). Returns how
+/// while every quad requests the next quad's lines as it goes ([`groups_ahead`]). Returns how
 /// many rows it wrote; the caller takes the rest.
-// Not inlined: see `quads_ahead`.
+// Not inlined: see `groups_ahead`.
 #[inline(never)]
 pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
     kernel: FourRows,
@@ -233,14 +233,14 @@ pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
     let (n, n_rows) = (a.len(), out.len());
     let mut store = |i: usize, r: [f32; 4]| out[i..i + 4].copy_from_slice(&r);
     match kernel {
-        FourRows::Free => quads_ahead::<I, _>(rows, row_bytes, n, n_rows, |i, w, next| {
+        FourRows::Free => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
             let [r] = four_rows_free::<I, B, 1>(w, next, [a]);
             store(i, r)
         }),
-        FourRows::Exact => quads_ahead::<I, _>(rows, row_bytes, n, n_rows, |i, w, next| {
+        FourRows::Exact => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
             store(i, exact_4rows_ahead::<I, B>(w, next, a))
         }),
-        FourRows::Repacked => quads_ahead::<I, _>(rows, row_bytes, n, n_rows, |i, w, next| {
+        FourRows::Repacked => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
             store(i, repacked_4rows_ahead::<I, B>(w, next, a))
         }),
     }
@@ -277,7 +277,7 @@ pub unsafe fn free_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     if outs.len() != N || outs.iter().any(|o| o.len() != n_rows) {
         return 0;
     }
-    quads_ahead::<I, _>(rows, row_bytes, a[0].len(), n_rows, |i, w, next| {
+    groups_ahead::<I, _, 4>(rows, row_bytes, a[0].len(), n_rows, |i, w, next| {
         for (o, r) in outs.iter_mut().zip(four_rows_free::<I, B, N>(w, next, a)) {
             o[i..i + 4].copy_from_slice(&r);
         }

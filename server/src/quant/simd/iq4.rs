@@ -55,8 +55,13 @@ const GRID_U8: [u8; 16] = {
 /// the low nibbles' in bytes 0..16, the high ones' in 16..32.
 #[inline(always)]
 pub unsafe fn grid_u8(qs: *const u8) -> __m256i {
-    let grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(GRID_U8.as_ptr().cast()));
-    _mm256_shuffle_epi8(grid, nibbles_32(qs))
+    _mm256_shuffle_epi8(grid_u8_table(), nibbles_32(qs))
+}
+
+/// [`KVALUES_IQ4NL`] plus 128 in both 128-bit halves, for `_mm256_shuffle_epi8`.
+#[inline(always)]
+pub unsafe fn grid_u8_table() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(GRID_U8.as_ptr().cast()))
 }
 
 /// The 32 grid values of 16 bytes of nibbles in the Q4_0 order, as i16: elements 0..16 (the low

@@ -26,47 +26,47 @@ pub mod panel_k4;
 pub mod panel_tiled;
 pub mod super_block;
 
-/// Decode's mat-vec by a four-row kernel over the `n_rows` rows of `rows` (`row_bytes` each, `n`
-/// blocks of `B`) in whole quads: `kernel(i, quad, next)` computes rows i..i+4 and stores their
-/// results while it requests the lines of the `next` quad (see [`request_next`]). Returns how
-/// many rows it computed: the quads, or none when the lengths do not fit; the caller takes the
-/// rest.
+/// Decode's mat-vec by an `R`-row kernel over the `n_rows` rows of `rows` (`row_bytes` each, `n`
+/// blocks of `B`) in whole groups of `R`: `kernel(i, group, next)` computes rows i..i+R and
+/// stores their results while it requests the lines of the `next` group (see [`request_next`]).
+/// Returns how many rows it computed: the groups, or none when the lengths do not fit; the
+/// caller takes the rest.
 ///
 /// The rows are streams too short for the hardware prefetcher to ramp up on, and requesting a
-/// whole quad's lines at once stalls on the core's few miss buffers; requested block by block,
-/// [`quads_ahead_of`] quads ahead, the loads keep streaming (the default model's Q8_0 LM head in
-/// decode: +18-35 % tok/s, 1 thread, Zen 3).
+/// whole group's lines at once stalls on the core's few miss buffers; requested block by block,
+/// [`quads_ahead_of`] quads (at least one group) ahead, the loads keep streaming (the default
+/// model's Q8_0 LM head in decode: +18-35 % tok/s, 1 thread, Zen 3).
 ///
 /// Its callers, decode's mat-vec entry points, are `#[inline(never)]`: in a function of its own
 /// the compiler inlines a kernel's helpers (the maps over the rows) into the loop; inlined into
 /// `dot_rows`' dispatch, which holds every order's kernels, they were left as calls (Q4_0
 /// decode -25 %).
 #[inline(always)]
-pub unsafe fn quads_ahead<I: Isa, B: Block>(
+pub unsafe fn groups_ahead<I: Isa, B: Block, const R: usize>(
     rows: &[u8],
     row_bytes: usize,
     n: usize,
     n_rows: usize,
-    mut kernel: impl FnMut(usize, [&[B]; 4], Option<[&[B]; 4]>),
+    mut kernel: impl FnMut(usize, [&[B]; R], Option<[&[B]; R]>),
 ) -> usize {
-    let quad = 4 * row_bytes;
+    let group = R * row_bytes;
     if row_bytes != n * size_of::<B>() || rows.len() != row_bytes * n_rows {
         return 0;
     }
-    let quad_rows = |q: usize| -> Option<[&[B]; 4]> {
-        let bytes = rows.get(q * quad..(q + 1) * quad)?;
+    let group_rows = |g: usize| -> Option<[&[B]; R]> {
+        let bytes = rows.get(g * group..(g + 1) * group)?;
         Some(std::array::from_fn(|r| blocks(&bytes[r * row_bytes..(r + 1) * row_bytes])))
     };
-    let ahead = quads_ahead_of::<I>();
-    crate::quant::prefetch(&rows[..(ahead * quad).min(rows.len())]);
-    let quads = n_rows / 4;
-    for q in 0..quads {
-        kernel(4 * q, quad_rows(q).expect("whole quads"), quad_rows(q + ahead));
+    let ahead = (4 * quads_ahead_of::<I>()).div_ceil(R);
+    crate::quant::prefetch(&rows[..(ahead * group).min(rows.len())]);
+    let groups = n_rows / R;
+    for g in 0..groups {
+        kernel(R * g, group_rows(g).expect("whole groups"), group_rows(g + ahead));
     }
-    4 * quads
+    R * groups
 }
 
-/// How far ahead, in quads, [`quads_ahead`] requests. The CPUs with VNNI (Zen 4 and 5, Intel
+/// How far ahead, in quads of rows, [`groups_ahead`] requests. The CPUs with VNNI (Zen 4 and 5, Intel
 /// from Cascade Lake) honour `prefetcht1` (L2, see [`request_next`]), whose deeper queue keeps
 /// two quads in flight: the default model's decode on Zen 4, 3 alternating runs of `bench -n 32`,
 /// 1 thread: 43.5-54.2 tok/s one quad ahead, 67.7-71.7 two, 70.6-72.2 four (Gemma 1B IQ4_XS
@@ -90,8 +90,8 @@ pub fn request_block<B>(b: &B) {
     });
 }
 
-/// Requests block i of each of the `next` rows into L2: what a four-row kernel given
-/// [`quads_ahead`]'s next quad does as it reads its own block i. Blocks under a line are
+/// Requests block i of each of the `next` rows into L2: what a many-row kernel given
+/// [`groups_ahead`]'s next group does as it reads its own block i. Blocks under a line are
 /// requested by their last byte every `64 / size` blocks (at most a line apart, so no line is
 /// skipped), the first block also by its first; larger ones by every line ([`request_block`]).
 /// L2, not L1 (`prefetcht1`): on Zen 4, which honours the hint, the default model's decode at
@@ -100,7 +100,7 @@ pub fn request_block<B>(b: &B) {
 /// worth of early lines in L1 evict the lines the kernel is reading. Zen 1-3 load every hint
 /// into L1, so they see no change.
 #[inline(always)]
-pub unsafe fn request_next<B>(next: Option<[&[B]; 4]>, i: usize) {
+pub unsafe fn request_next<B, const R: usize>(next: Option<[&[B]; R]>, i: usize) {
     let Some(next) = next else { return };
     let size = size_of::<B>();
     if size >= 64 {

@@ -416,7 +416,7 @@ unsafe fn vec_dot_step(d_w: f32, sumi: __m256i, y: &BlockQ8K, acc: __m256) -> __
 /// As it reads super-block j, it requests super-block j of the rows [`rows_ahead_of`] (at
 /// least `R`) ahead. Returns how many rows it wrote (all, or none when the lengths do not
 /// fit).
-// Not inlined: see `quads_ahead`.
+// Not inlined: see `groups_ahead`.
 #[inline(never)]
 pub unsafe fn scaled_rows<I: Isa, B: ScaledBlock + Block, const R: usize>(
     rows: &[u8],
