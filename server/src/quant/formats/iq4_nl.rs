@@ -171,8 +171,9 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Iq4Nl {
-        /// Repacked, [`block32::repacked_4rows`] quad by quad, each requesting the next as it
-        /// goes ([`block32::rows_ahead`]); the other orders read rows one by one.
+        /// Repacked, [`gemv_nibbles::rows`] eight rows at a time and the rest by
+        /// [`block32::repacked_4rows`] quad by quad, each group requesting the next as it goes;
+        /// the other orders read rows one by one.
         #[inline]
         fn gemv_rows(
             rows: &[u8],

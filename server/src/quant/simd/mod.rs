@@ -66,11 +66,12 @@ pub unsafe fn groups_ahead<I: Isa, B: Block, const R: usize>(
     R * groups
 }
 
-/// How far ahead, in quads of rows, [`groups_ahead`] requests. The CPUs with VNNI (Zen 4 and 5, Intel
-/// from Cascade Lake) honour `prefetcht1` (L2, see [`request_next`]), whose deeper queue keeps
-/// two quads in flight: the default model's decode on Zen 4, 3 alternating runs of `bench -n 32`,
-/// 1 thread: 43.5-54.2 tok/s one quad ahead, 67.7-71.7 two, 70.6-72.2 four (Gemma 1B IQ4_XS
-/// 17.5-20.9, 21.0-24.2, 21.5-23.1). The rest (Zen 1-3, whose hints all fill L1) keep one: on
+/// How far ahead, in quads of rows, [`groups_ahead`] requests (the eight-row kernels: one group
+/// either way, unmeasured on Zen 1-3). The CPUs with VNNI (Zen 4 and 5, Intel from Cascade Lake)
+/// honour `prefetcht1` (L2, see [`request_next`]), whose deeper queue keeps two quads in flight:
+/// the default model's decode on Zen 4, 3 alternating runs of `bench -n 32`, 1 thread:
+/// 43.5-54.2 tok/s one quad ahead, 67.7-71.7 two, 70.6-72.2 four (Gemma 1B IQ4_XS 17.5-20.9,
+/// 21.0-24.2, 21.5-23.1). The rest (Zen 1-3, whose hints all fill L1) keep one: on
 /// Zen 3 two quads ahead was 4-8 % slower (35.9/32.8/31.7 vs 38.4/35.9/33.6 tok/s).
 #[inline(always)]
 pub const fn quads_ahead_of<I: Isa>() -> usize {

@@ -73,18 +73,9 @@ pub unsafe fn k4_scaled_sum_of<I: Isa>(
     a: &BlockQ8K,
     chunks: &[(__m256i, __m256i); 4],
 ) -> __m256i {
-    if I::VNNI {
-        // One chain of `vpdpwssd`s (each the scale's madd and the add in one): the same exact
-        // lane sums as below, summed in another (integer, so immaterial) order.
-        let mut sumi = k4_chunk_sum::<I>(scales, a, 0, chunks[0]);
-        for (c, &chunk) in chunks.iter().enumerate().skip(1) {
-            sumi = k4_chunk_acc::<I>(sumi, scales, a, c, chunk);
-        }
-        return sumi;
-    }
     let mut sumi = _mm256_setzero_si256();
     for (c, &chunk) in chunks.iter().enumerate() {
-        sumi = _mm256_add_epi32(sumi, k4_chunk_sum::<I>(scales, a, c, chunk));
+        sumi = k4_chunk_step::<I>(sumi, scales, a, c, chunk);
     }
     sumi
 }
@@ -104,11 +95,7 @@ pub unsafe fn k4_scaled_sums_x<I: Isa, B: K4Block, const R: usize>(
     for c in 0..4 {
         for r in 0..R {
             let chunk = b[r].chunk(c);
-            sums[r] = if I::VNNI {
-                k4_chunk_acc::<I>(sums[r], scales[r], a, c, chunk)
-            } else {
-                _mm256_add_epi32(sums[r], k4_chunk_sum::<I>(scales[r], a, c, chunk))
-            };
+            sums[r] = k4_chunk_step::<I>(sums[r], scales[r], a, c, chunk);
         }
     }
     sums
@@ -161,7 +148,7 @@ pub unsafe fn k4_chunk_sum<I: Isa>(
 /// `acc` + [`k4_chunk_sum`], as two `vpdpwssd`s where the ISA has them (the VNNI chains only:
 /// the Avx2 kernels keep their own association of the adds).
 #[inline(always)]
-pub unsafe fn k4_chunk_acc<I: Isa>(
+unsafe fn k4_chunk_acc<I: Isa>(
     acc: __m256i,
     scales: __m256i,
     a: &BlockQ8K,
@@ -170,6 +157,24 @@ pub unsafe fn k4_chunk_acc<I: Isa>(
 ) -> __m256i {
     let (sc_lo, sc_hi, m_lo, m_hi) = k4_chunk_products(scales, a, c, chunk);
     dpwssd::<I>(dpwssd::<I>(acc, sc_lo, m_lo), sc_hi, m_hi)
+}
+
+/// `acc` + [`k4_chunk_sum`] as the kernels of `I` add a chunk to a block's sum: one chain of
+/// `vpdpwssd`s with VNNI ([`k4_chunk_acc`], each the scale's madd and the add in one), `madd`s
+/// and an add otherwise. The same exact lane sums, in another (integer, so immaterial) order.
+#[inline(always)]
+unsafe fn k4_chunk_step<I: Isa>(
+    acc: __m256i,
+    scales: __m256i,
+    a: &BlockQ8K,
+    c: usize,
+    chunk: (__m256i, __m256i),
+) -> __m256i {
+    if I::VNNI {
+        k4_chunk_acc::<I>(acc, scales, a, c, chunk)
+    } else {
+        _mm256_add_epi32(acc, k4_chunk_sum::<I>(scales, a, c, chunk))
+    }
 }
 
 /// Chunk c's two sub-block scales (broadcast as i16) and its quant·activation pair sums (i16).
