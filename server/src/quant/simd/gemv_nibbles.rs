@@ -24,10 +24,10 @@
 //!
 //! Each group requests the next group's lines as it goes ([`groups_ahead`], as the four-row
 //! kernels do). On Zen 4 (`kernel_bench`, 2048-wide rows, 1 thread):
-//! - Q4_0: 21.7 GB/s from L2 and from memory, against 17.3-17.8 and 17.6-17.8 for the four-row
+//! - Q4_0: 21.7 GB/s from L2 and from memory, against 17.3-17.8 and 17.0-17.8 for the four-row
 //!   VNNI kernel. The AVX2 kernel (the same one) read 9-9.5 GB/s from memory with its own
 //!   earlier scheme, `prefetcht0` sixteen blocks ahead within the rows.
-//! - IQ4_NL with VNNI: 16.5-17 GB/s from L2 (four-row: 14.3-14.8), 14.5-15.1 from memory
+//! - IQ4_NL with VNNI: 16.0-17.0 GB/s from L2 (four-row: 14.3-14.8), 14.5-15.1 from memory
 //!   (14.3-14.4).
 
 use std::arch::x86_64::*;
