@@ -360,8 +360,6 @@ fn manifest(
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
     use super::*;
 
     /// A stand-in for `llm-server` that records its arguments and prints `plan` with `status`.
@@ -372,8 +370,18 @@ mod tests {
             "#!/bin/sh\necho \"$@\" > '{}'\ncat <<'EOF'\n{plan}\nEOF\nexit {status}\n",
             args.display()
         );
-        std::fs::write(&path, script).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Written here, made executable by `install` in a child process: a file this process
+        // held open for writing could be inherited by another test thread's fork, and running it
+        // then fails with ETXTBSY ("Text file busy"; seen in CI).
+        let source = dir.join("llm-server.src");
+        std::fs::write(&source, script).unwrap();
+        let installed = std::process::Command::new("install")
+            .args(["-m", "755"])
+            .arg(&source)
+            .arg(&path)
+            .status()
+            .expect("install (coreutils) runs");
+        assert!(installed.success(), "install {} failed", path.display());
         path
     }
 
