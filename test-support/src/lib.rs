@@ -202,3 +202,21 @@ pub fn with_tensor_type(mut bytes: Vec<u8>, tensor: &str, type_id: u32) -> Vec<u
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
+
+/// Writes `contents` to `path` as an executable (mode 755), for tests' stand-in programs. The
+/// text goes to `path` plus `.src` first and `install`, a child process, creates the executable:
+/// a file this process held open for writing could be inherited by another test thread's fork,
+/// and running it in that window fails with ETXTBSY ("Text file busy"; seen in CI).
+pub fn write_executable(path: &Path, contents: &str) {
+    let mut source = path.as_os_str().to_owned();
+    source.push(".src");
+    std::fs::write(&source, contents)
+        .unwrap_or_else(|e| panic!("writing {}: {e}", Path::new(&source).display()));
+    let installed = Command::new("install")
+        .args(["-m", "755"])
+        .arg(&source)
+        .arg(path)
+        .status()
+        .expect("install (coreutils) runs");
+    assert!(installed.success(), "install {} failed", path.display());
+}

@@ -370,18 +370,7 @@ mod tests {
             "#!/bin/sh\necho \"$@\" > '{}'\ncat <<'EOF'\n{plan}\nEOF\nexit {status}\n",
             args.display()
         );
-        // Written here, made executable by `install` in a child process: a file this process
-        // held open for writing could be inherited by another test thread's fork, and running it
-        // then fails with ETXTBSY ("Text file busy"; seen in CI).
-        let source = dir.join("llm-server.src");
-        std::fs::write(&source, script).unwrap();
-        let installed = std::process::Command::new("install")
-            .args(["-m", "755"])
-            .arg(&source)
-            .arg(&path)
-            .status()
-            .expect("install (coreutils) runs");
-        assert!(installed.success(), "install {} failed", path.display());
+        test_support::write_executable(&path, &script);
         path
     }
 

@@ -49,18 +49,7 @@ fn fake_oci(dir: &Scratch) -> PathBuf {
     let bin = dir.path("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let oci = bin.join("oci");
-    // Written here, made executable by `install` in a child process: a file this process held
-    // open for writing could be inherited by another test thread's fork, and running it then
-    // fails with ETXTBSY ("Text file busy").
-    let source = dir.path("oci.src");
-    std::fs::write(&source, format!("#!{}\n{FAKE}", python())).unwrap();
-    let installed = std::process::Command::new("install")
-        .args(["-m", "755"])
-        .arg(&source)
-        .arg(&oci)
-        .status()
-        .expect("install (coreutils) runs");
-    assert!(installed.success(), "install {} failed", oci.display());
+    test_support::write_executable(&oci, &format!("#!{}\n{FAKE}", python()));
     bin
 }
 
