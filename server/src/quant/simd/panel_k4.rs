@@ -25,9 +25,8 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
-use super::super_block::k4_sub_sums;
-use super::{dpbusd_broadcast, load128, load256};
-use crate::quant::blocks::scales_mins_k4;
+use super::super_block::{k4_sub_sums, scales_mins_k4_x86};
+use super::{dpbusd_broadcast, load256};
 use crate::quant::formats::q4_k::BlockQ4K;
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
@@ -222,7 +221,7 @@ unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS], out: &mut MaybeUninit<P
     // Per row, the eight scales then the eight mins as i16: i32 lane k < 4 is the scale pair of
     // chunk k, lane 4 + k its min pair; transposed, register k holds every row's pair k.
     let pairs = transpose_8x8(b.map(|b| {
-        _mm256_cvtepu8_epi16(load128(scales_mins_k4(&b.scales).as_ptr()))
+        _mm256_cvtepu8_epi16(scales_mins_k4_x86(&b.scales))
     }));
     let scales = std::array::from_fn(|s| scale_lanes::<I>(pairs[s / 2], s % 2));
     // The halves as values, not through a `fn` pointer (which LLVM may leave as calls).

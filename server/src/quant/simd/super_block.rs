@@ -5,14 +5,14 @@
 
 use std::arch::x86_64::*;
 
-use super::{dpwssd, hsum, hsum_i32, hsum_i32_128, load128, load256, request_block};
-use crate::quant::blocks::{blocks, f16_to_f32, scales_mins_k4, Block};
+use super::{dpwssd, hsum, hsum_i32, hsum_i32_128, load256, request_block};
+use crate::quant::blocks::{blocks, f16_to_f32, Block};
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
 
 /// A Q4_K/Q5_K-layout super-block: f16 `d` and `dmin`, twelve packed 6-bit scales and mins
-/// (see [`scales_mins_k4`]), quants that unpack to unsigned bytes < 64.
+/// (see [`scales_mins_k4`](crate::quant::blocks::scales_mins_k4)), quants that unpack to unsigned bytes < 64.
 pub trait K4Block {
     fn d(&self) -> [u8; 2];
     fn dmin(&self) -> [u8; 2];
@@ -92,12 +92,17 @@ pub unsafe fn k4_scaled_sums_x<I: Isa, B: K4Block, const R: usize>(
     b: [&B; R],
 ) -> [__m256i; R] {
     let mut sums = [_mm256_setzero_si256(); R];
-    for c in 0..4 {
+    // Chunk by chunk with c a constant at each call: in a loop over c LLVM kept the loop and
+    // built the scale shuffles' masks from c at run time (Q4_K decode).
+    let mut chunk = |c: usize| {
         for r in 0..R {
-            let chunk = b[r].chunk(c);
-            sums[r] = k4_chunk_step::<I>(sums[r], scales[r], a, c, chunk);
+            sums[r] = k4_chunk_step::<I>(sums[r], scales[r], a, c, b[r].chunk(c));
         }
-    }
+    };
+    chunk(0);
+    chunk(1);
+    chunk(2);
+    chunk(3);
     sums
 }
 
@@ -105,9 +110,36 @@ pub unsafe fn k4_scaled_sums_x<I: Isa, B: K4Block, const R: usize>(
 /// both 128-bit halves (the layout [`k4_scaled_sum_of`] takes), and the eight mins as i16.
 #[inline(always)]
 pub unsafe fn k4_scales_mins(b: &impl K4Block) -> (__m256i, __m128i) {
-    let sm = _mm256_cvtepu8_epi16(load128(scales_mins_k4(b.scales()).as_ptr()));
+    let sm = _mm256_cvtepu8_epi16(scales_mins_k4_x86(b.scales()));
     let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
     (scales, _mm256_extracti128_si256(sm, 1))
+}
+
+/// [`scales_mins_k4`](crate::quant::blocks::scales_mins_k4) in one register (eight scales, then eight mins), by byte shuffles and
+/// masks: it runs per row and super-block in Q4_K/Q5_K decode, where the scalar unpacking's
+/// shifts, inserts and round trip through the stack cost as much as a chunk's products.
+#[inline(always)]
+pub unsafe fn scales_mins_k4_x86(packed: &[u8; 12]) -> __m128i {
+    let p = packed.as_ptr();
+    // Bytes 0..12 of `packed`, four zeros.
+    let x = _mm_insert_epi32(_mm_loadl_epi64(p.cast()), i32::from_le_bytes(*p.add(8).cast::<[u8; 4]>()), 2);
+    // Lanes: scales 0..4 from bytes 0..4, scales 4..8 from 8..12 (low nibbles), mins 0..4 from
+    // 4..8, mins 4..8 from 8..12 (high nibbles).
+    let a = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    // The top two bits of scales 4..8 and mins 4..8 are those of bytes 0..4 and 4..8.
+    let b = _mm_shuffle_epi8(x, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    let low = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    let high_nibbles = _mm_and_si128(
+        _mm_srli_epi16(a, 4),
+        _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15),
+    );
+    // Bits 6..8 of each byte to bits 4..6 (the 16-bit shift's bits from the byte above are
+    // masked off).
+    let top = _mm_and_si128(
+        _mm_srli_epi16(b, 2),
+        _mm_setr_epi8(0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30),
+    );
+    _mm_or_si128(_mm_or_si128(low, high_nibbles), top)
 }
 
 /// `min_2c·bsum_2c + min_2c+1·bsum_2c+1` for the four 64-value chunks c, where bsum_s is the
@@ -551,4 +583,23 @@ pub fn check_table_rows<B, A, const N: usize>(
     let n_rows = rows.len() / row_bytes;
     assert!(outs.iter().all(|o| o.len() == n_rows), "outputs of another row count");
     (n, n_rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::quant::blocks::scales_mins_k4;
+
+    proptest! {
+        /// The shuffle unpacking gives [`scales_mins_k4`]'s bytes for any packing.
+        #[test]
+        fn scales_mins_k4_x86_is_scales_mins_k4(packed in any::<[u8; 12]>()) {
+            let mut got = [0u8; 16];
+            // SAFETY: the crate is built for x86-64-v3 (SSSE3, SSE4.1).
+            unsafe { _mm_storeu_si128(got.as_mut_ptr().cast(), scales_mins_k4_x86(&packed)) };
+            prop_assert_eq!(got, scales_mins_k4(&packed));
+        }
+    }
 }
