@@ -77,7 +77,7 @@ avx2! {
         broadcast_i16_mask, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
     };
     use crate::quant::simd::iq4::{self, broadcast_f16, grid_i16, sum_lanes_x8, Acts};
-    use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32, panel_tiled};
+    use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32, panel_tiled, unrolled};
     use crate::quant::DotOrder;
 
     /// Super-blocks per tile of [`tiled_rows_x8`]: 6 × 4128 bytes of widened activations, 24 KiB.
@@ -115,24 +115,14 @@ avx2! {
         let dot = |b: &BlockIq4Xs, e: &Acts<QK_K>, acc: __m256| {
             let scales = b.scales16();
             let mut sumi = [_mm256_setzero_si256(); 8];
-            let mut sub_block = |s: usize| {
+            unrolled::<8>(|s| {
                 let (lo, hi) = grid_i16(b.qs.as_ptr().add(16 * s));
                 let scale = _mm256_shuffle_epi8(scales, broadcast_i16_mask(s as i16));
                 let w = (_mm256_mullo_epi16(lo, scale), _mm256_mullo_epi16(hi, scale));
                 for (sumi, q) in sumi.iter_mut().zip(&e.q) {
                     *sumi = iq4::acc_dot_i16::<I>(*sumi, w, q.as_ptr().add(32 * s));
                 }
-            };
-            // Written out, not a loop (which LLVM keeps rolled): each sub-block's scale mask and
-            // offsets are then constants, not computed per sub-block.
-            sub_block(0);
-            sub_block(1);
-            sub_block(2);
-            sub_block(3);
-            sub_block(4);
-            sub_block(5);
-            sub_block(6);
-            sub_block(7);
+            });
             let x = _mm256_mul_ps(broadcast_f16(b.d), _mm256_cvtepi32_ps(sum_lanes_x8(sumi)));
             _mm256_fmadd_ps(x, _mm256_loadu_ps(e.d.as_ptr()), acc)
         };

@@ -82,6 +82,39 @@ pub const fn quads_ahead_of<I: Isa>() -> usize {
     }
 }
 
+/// `f(0)`, `f(1)`, ..., `f(N - 1)` written out, not a loop: in a loop over sub-blocks or chunks
+/// LLVM keeps the loop rolled and builds each step's shuffle masks and offsets from the index at
+/// run time; called with constants, they are constants. Q4_K's decode kernel read 14.8 GB/s from
+/// memory as a loop and 21-23 written out (with its scales unpacked in a register; Zen 4).
+#[inline(always)]
+pub fn unrolled<const N: usize>(mut f: impl FnMut(usize)) {
+    debug_assert!(N <= 8, "unrolled: up to eight steps");
+    if N > 0 {
+        f(0);
+    }
+    if N > 1 {
+        f(1);
+    }
+    if N > 2 {
+        f(2);
+    }
+    if N > 3 {
+        f(3);
+    }
+    if N > 4 {
+        f(4);
+    }
+    if N > 5 {
+        f(5);
+    }
+    if N > 6 {
+        f(6);
+    }
+    if N > 7 {
+        f(7);
+    }
+}
+
 /// Requests every cache line of block `b` into L2 ([`crate::quant::prefetch`] over its bytes).
 #[inline(always)]
 pub fn request_block<B>(b: &B) {

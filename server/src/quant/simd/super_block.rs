@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{dpwssd, hsum, hsum_i32, hsum_i32_128, load256, request_block};
+use super::{dpwssd, hsum, hsum_i32, hsum_i32_128, load256, request_block, unrolled};
 use crate::quant::blocks::{blocks, f16_to_f32, Block};
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
@@ -92,17 +92,11 @@ pub unsafe fn k4_scaled_sums_x<I: Isa, B: K4Block, const R: usize>(
     b: [&B; R],
 ) -> [__m256i; R] {
     let mut sums = [_mm256_setzero_si256(); R];
-    // Chunk by chunk with c a constant at each call: in a loop over c LLVM kept the loop and
-    // built the scale shuffles' masks from c at run time (Q4_K decode).
-    let mut chunk = |c: usize| {
+    unrolled::<4>(|c| {
         for r in 0..R {
             sums[r] = k4_chunk_step::<I>(sums[r], scales[r], a, c, b[r].chunk(c));
         }
-    };
-    chunk(0);
-    chunk(1);
-    chunk(2);
-    chunk(3);
+    });
     sums
 }
 
