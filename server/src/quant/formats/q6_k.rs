@@ -166,15 +166,16 @@ avx2! {
                 5,
             );
             // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for (s, y) in sumi.iter_mut().zip(y) {
+            let mut sumi = [[_mm256_setzero_si256(); N]; 2];
+            for (s, y) in sumi[0].iter_mut().zip(y) {
                 *s = _mm256_madd_epi16(load256(y.bsums.as_ptr()), neg_offset_scales);
             }
             // Group by group, every row's sum in a register: the group's quants and scales are
-            // loaded once for all `N` (the sums are exact integers, so the order is free).
+            // loaded once for all `N` (the sums are exact integers, so the order is free). The
+            // even and the odd groups go to two sums, so each chain is four `vpdpwssd` long.
             for (g, &q) in quants.iter().enumerate() {
                 let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(g)));
-                for (s, y) in sumi.iter_mut().zip(y) {
+                for (s, y) in sumi[g % 2].iter_mut().zip(y) {
                     let act = load256(y.qs.as_ptr().add(32 * g).cast());
                     // The quants are < 64 and the activations in -128..=127: a maddubs pair
                     // stays within ±16128 (no saturation), so `vpdpwssd` (VNNI) sums exactly
@@ -182,7 +183,7 @@ avx2! {
                     *s = dpwssd::<I>(*s, sc, _mm256_maddubs_epi16(q, act));
                 }
             }
-            sumi
+            std::array::from_fn(|k| _mm256_add_epi32(sumi[0][k], sumi[1][k]))
         }
     }
 
