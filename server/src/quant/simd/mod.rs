@@ -88,31 +88,15 @@ pub const fn quads_ahead_of<I: Isa>() -> usize {
 /// memory as a loop and 21-23 written out (with its scales unpacked in a register; Zen 4).
 #[inline(always)]
 pub fn unrolled<const N: usize>(mut f: impl FnMut(usize)) {
-    debug_assert!(N <= 8, "unrolled: up to eight steps");
-    if N > 0 {
-        f(0);
+    const { assert!(N <= 8, "unrolled: up to eight steps") };
+    macro_rules! steps {
+        ($($k:literal)*) => {
+            $(if $k < N {
+                f($k);
+            })*
+        };
     }
-    if N > 1 {
-        f(1);
-    }
-    if N > 2 {
-        f(2);
-    }
-    if N > 3 {
-        f(3);
-    }
-    if N > 4 {
-        f(4);
-    }
-    if N > 5 {
-        f(5);
-    }
-    if N > 6 {
-        f(6);
-    }
-    if N > 7 {
-        f(7);
-    }
+    steps!(0 1 2 3 4 5 6 7);
 }
 
 /// Requests every cache line of block `b` into L2 ([`crate::quant::prefetch`] over its bytes).
