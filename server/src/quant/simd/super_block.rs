@@ -12,7 +12,8 @@ use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
 
 /// A Q4_K/Q5_K-layout super-block: f16 `d` and `dmin`, twelve packed 6-bit scales and mins
-/// (see [`scales_mins_k4`](crate::quant::blocks::scales_mins_k4)), quants that unpack to unsigned bytes < 64.
+/// (see [`scales_mins_k4`](crate::quant::blocks::scales_mins_k4)), quants that unpack to
+/// unsigned bytes < 64.
 pub trait K4Block {
     fn d(&self) -> [u8; 2];
     fn dmin(&self) -> [u8; 2];
@@ -109,14 +110,15 @@ pub unsafe fn k4_scales_mins(b: &impl K4Block) -> (__m256i, __m128i) {
     (scales, _mm256_extracti128_si256(sm, 1))
 }
 
-/// [`scales_mins_k4`](crate::quant::blocks::scales_mins_k4) in one register (eight scales, then eight mins), by byte shuffles and
-/// masks: it runs per row and super-block in Q4_K/Q5_K decode, where the scalar unpacking's
-/// shifts, inserts and round trip through the stack cost as much as a chunk's products.
+/// [`scales_mins_k4`](crate::quant::blocks::scales_mins_k4) in one register (eight scales,
+/// then eight mins), by byte shuffles and masks: it runs per row and super-block in Q4_K/Q5_K
+/// decode, where the scalar unpacking's shifts, inserts and round trip through the stack cost
+/// as much as a chunk's products.
 #[inline(always)]
 pub unsafe fn scales_mins_k4_x86(packed: &[u8; 12]) -> __m128i {
-    let p = packed.as_ptr();
     // Bytes 0..12 of `packed`, four zeros.
-    let x = _mm_insert_epi32(_mm_loadl_epi64(p.cast()), i32::from_le_bytes(*p.add(8).cast::<[u8; 4]>()), 2);
+    let word2 = i32::from_le_bytes([packed[8], packed[9], packed[10], packed[11]]);
+    let x = _mm_insert_epi32(_mm_loadl_epi64(packed.as_ptr().cast()), word2, 2);
     // Lanes: scales 0..4 from bytes 0..4, scales 4..8 from 8..12 (low nibbles), mins 0..4 from
     // 4..8, mins 4..8 from 8..12 (high nibbles).
     let a = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
