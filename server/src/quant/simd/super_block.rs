@@ -75,9 +75,7 @@ pub unsafe fn k4_scaled_sum_of<I: Isa>(
     chunks: &[(__m256i, __m256i); 4],
 ) -> __m256i {
     let mut sumi = _mm256_setzero_si256();
-    for (c, &chunk) in chunks.iter().enumerate() {
-        sumi = k4_chunk_step::<I>(sumi, scales, a, c, chunk);
-    }
+    unrolled::<4>(|c| sumi = k4_chunk_step::<I>(sumi, scales, a, c, chunks[c]));
     sumi
 }
 
@@ -173,23 +171,10 @@ pub unsafe fn k4_chunk_sum<I: Isa>(
     dpwssd::<I>(_mm256_madd_epi16(sc_lo, m_lo), sc_hi, m_hi)
 }
 
-/// `acc` + [`k4_chunk_sum`], as two `vpdpwssd`s where the ISA has them (the VNNI chains only:
-/// the Avx2 kernels keep their own association of the adds).
-#[inline(always)]
-unsafe fn k4_chunk_acc<I: Isa>(
-    acc: __m256i,
-    scales: __m256i,
-    a: &BlockQ8K,
-    c: usize,
-    chunk: (__m256i, __m256i),
-) -> __m256i {
-    let (sc_lo, sc_hi, m_lo, m_hi) = k4_chunk_products(scales, a, c, chunk);
-    dpwssd::<I>(dpwssd::<I>(acc, sc_lo, m_lo), sc_hi, m_hi)
-}
-
-/// `acc` + [`k4_chunk_sum`] as the kernels of `I` add a chunk to a block's sum: one chain of
-/// `vpdpwssd`s with VNNI ([`k4_chunk_acc`], each the scale's madd and the add in one), `madd`s
-/// and an add otherwise. The same exact lane sums, in another (integer, so immaterial) order.
+/// `acc` + [`k4_chunk_sum`] as the kernels of `I` add a chunk to a block's sum: with VNNI one
+/// chain of two `vpdpwssd`s (each the scale's madd and the add in one), otherwise `madd`s and an
+/// add (the Avx2 kernels keep their own association of the adds). The same exact lane sums, in
+/// another (integer, so immaterial) order.
 #[inline(always)]
 unsafe fn k4_chunk_step<I: Isa>(
     acc: __m256i,
@@ -199,7 +184,8 @@ unsafe fn k4_chunk_step<I: Isa>(
     chunk: (__m256i, __m256i),
 ) -> __m256i {
     if I::VNNI {
-        k4_chunk_acc::<I>(acc, scales, a, c, chunk)
+        let (sc_lo, sc_hi, m_lo, m_hi) = k4_chunk_products(scales, a, c, chunk);
+        dpwssd::<I>(dpwssd::<I>(acc, sc_lo, m_lo), sc_hi, m_hi)
     } else {
         _mm256_add_epi32(acc, k4_chunk_sum::<I>(scales, a, c, chunk))
     }
