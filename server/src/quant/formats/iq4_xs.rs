@@ -74,7 +74,7 @@ avx2! {
     use crate::quant::format::{dot_n_by_row, Kernels};
     use crate::quant::isa::{Avx2, Isa};
     use crate::quant::simd::super_block::{
-        broadcast_i16_mask, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
+        broadcast_i16_mask, broadcast_i16_pair_mask, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
     };
     use crate::quant::simd::iq4::{self, broadcast_f16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::{dpwssd, iq4nl_grid, load256, mul_i8_pairs, nibbles_32, panel_tiled, unrolled};
@@ -192,26 +192,54 @@ avx2! {
         }
 
         /// [`ScaledBlock::sumi`] of `R` super-blocks (weight rows) against one activation
-        /// super-block, sub-block by sub-block across the rows so that their `R` chains
-        /// interleave: each row's lanes are its [`BlockIq4Xs::sumi_n`]'s.
+        /// super-block, the rows' chains interleaved; each row's lanes are its
+        /// [`BlockIq4Xs::sumi_n`]'s.
+        ///
+        /// Sub-blocks go in pairs, as the nibbles lie: one 32-byte load holds sub-blocks 2p and
+        /// 2p+1, so one mask and one shift give the low nibbles of both (one vector) and the
+        /// high nibbles of both (another), with no cross-lane insert. The activations are
+        /// regrouped to match (two permutes per pair, shared by the `R` rows), and one shuffle
+        /// gives both sub-blocks' scales, one per 128-bit half. The low and the high nibbles
+        /// sum in two chains; at the end each chain's halves are added, which gives
+        /// `sumi_n`'s lanes (low nibbles' groups in lanes 0..4, high ones' in 4..8) with the
+        /// same integers. Per pair and row that is 13 vector operations, against 18 for two
+        /// sub-blocks one at a time.
         #[inline(always)]
         unsafe fn sumi_rows<I: Isa, const R: usize>(b: [&Self; R], y: &BlockQ8K) -> [__m256i; R] {
             let grid = iq4nl_grid();
+            let m4 = _mm256_set1_epi8(0x0F);
             let scales = b.map(|b| b.scales16());
-            let mut sumi = [_mm256_setzero_si256(); R];
-            for s in 0..8 {
-                let act = load256(y.qs.as_ptr().add(32 * s).cast());
-                for r in 0..R {
-                    let q = _mm256_shuffle_epi8(grid, nibbles_32(b[r].qs.as_ptr().add(16 * s)));
-                    let scale = _mm256_shuffle_epi8(scales[r], broadcast_i16_mask(s as i16));
-                    sumi[r] = if I::VNNI {
-                        dpwssd::<I>(sumi[r], mul_i8_pairs(q, act), scale)
-                    } else {
-                        _mm256_add_epi32(sumi[r], _mm256_madd_epi16(mul_i8_pairs(q, act), scale))
-                    };
+            let mut low = [_mm256_setzero_si256(); R];
+            let mut high = [_mm256_setzero_si256(); R];
+            let acc = |acc: __m256i, q: __m256i, act: __m256i, scale: __m256i| {
+                if I::VNNI {
+                    dpwssd::<I>(acc, mul_i8_pairs(q, act), scale)
+                } else {
+                    _mm256_add_epi32(acc, _mm256_madd_epi16(mul_i8_pairs(q, act), scale))
                 }
-            }
-            sumi
+            };
+            unrolled::<4>(|p| {
+                let act = y.qs.as_ptr().add(64 * p).cast::<u8>();
+                let (a0, a1) = (load256(act), load256(act.add(32)));
+                // Elements 0..16 of sub-blocks 2p and 2p+1, then their elements 16..32.
+                let act_low = _mm256_permute2x128_si256(a0, a1, 0x20);
+                let act_high = _mm256_permute2x128_si256(a0, a1, 0x31);
+                let mask = broadcast_i16_pair_mask(p);
+                for r in 0..R {
+                    let q = load256(b[r].qs.as_ptr().add(32 * p));
+                    let q_low = _mm256_shuffle_epi8(grid, _mm256_and_si256(q, m4));
+                    let q_high = _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                    let scale = _mm256_shuffle_epi8(scales[r], mask);
+                    low[r] = acc(low[r], q_low, act_low, scale);
+                    high[r] = acc(high[r], q_high, act_high, scale);
+                }
+            });
+            std::array::from_fn(|r| {
+                _mm256_add_epi32(
+                    _mm256_permute2x128_si256(low[r], high[r], 0x20),
+                    _mm256_permute2x128_si256(low[r], high[r], 0x31),
+                )
+            })
         }
 
         /// `Σ_s (ls_s-32)·(v·a)_s` against `N` activation super-blocks (integer, so only the
@@ -253,9 +281,10 @@ avx2! {
             // `scaled_rows` checks the lengths it relies on.
             unsafe {
                 if I::VNNI {
-                    scaled_rows::<I, _, 4>(rows, row_bytes, a, order, out, |b, y| BlockIq4Xs::sumi_rows::<I, 4>(b, y))
+                    scaled_rows::<I, _, 2>(rows, row_bytes, a, order, out, |b, y| BlockIq4Xs::sumi_rows::<I, 2>(b, y))
                 } else {
-                    scaled_rows::<I, _, 1>(rows, row_bytes, a, order, out, |[b]: [&BlockIq4Xs; 1], y| [b.sumi(y)])
+                    // Two rows spill vectors without VNNI's fused multiply-add.
+                    scaled_rows::<I, _, 1>(rows, row_bytes, a, order, out, |b, y| BlockIq4Xs::sumi_rows::<I, 1>(b, y))
                 }
             }
         }

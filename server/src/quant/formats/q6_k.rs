@@ -78,17 +78,10 @@ avx2! {
     use crate::quant::format::{dot_n_by_row, Kernels};
     use crate::quant::isa::{Avx2, Isa};
     use crate::quant::simd::super_block::{
-        check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
+        broadcast_i16_pair_mask, check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
     };
     use crate::quant::simd::{dpwssd, load128, load256, panel_tiled};
     use crate::quant::DotOrder;
-
-    /// Shuffle mask giving bytes [2g; 8] ++ [2g+1; 8]: the two scales of 32-value group g.
-    #[inline(always)]
-    unsafe fn scale_pair_mask(g: usize) -> __m128i {
-        let byte = |i: usize| (i as i64) * 0x0101_0101_0101_0101;
-        _mm_set_epi64x(byte(2 * g + 1), byte(2 * g))
-    }
 
     impl ScaledBlock for BlockQ6K {
         #[inline(always)]
@@ -158,13 +151,17 @@ avx2! {
         #[inline(always)]
         unsafe fn sumi_n<I: Isa, const N: usize>(&self, y: [&BlockQ8K; N]) -> [__m256i; N] {
             let quants = self.quants();
-            let scales = load128(self.scales.as_ptr().cast());
+            // The sixteen scales as i16, then scales 0..8 and 8..16 each in both 128-bit
+            // halves: one shuffle per group gives its two (one per half).
+            let scales = _mm256_cvtepi8_epi16(load128(self.scales.as_ptr().cast()));
+            let halves = [
+                _mm256_permute2x128_si256(scales, scales, 0x00),
+                _mm256_permute2x128_si256(scales, scales, 0x11),
+            ];
             // -32·scale_s as i16 (|·| ≤ 4096, and with |bsum| ≤ 2048 a pair of products stays
             // far inside i32), so one madd per row gives the whole offset term.
-            let neg_offset_scales = _mm256_slli_epi16(
-                _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(scales)),
-                5,
-            );
+            let neg_offset_scales =
+                _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), scales), 5);
             // The quants are stored +32; remove 32·Σ scale_s·bsum_s once instead of per value.
             let mut sumi = [[_mm256_setzero_si256(); N]; 2];
             for (s, y) in sumi[0].iter_mut().zip(y) {
@@ -174,7 +171,7 @@ avx2! {
             // loaded once for all `N` (the sums are exact integers, so the order is free). The
             // even and the odd groups go to two sums, so each chain is four `vpdpwssd` long.
             for (g, &q) in quants.iter().enumerate() {
-                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(g)));
+                let sc = _mm256_shuffle_epi8(halves[g / 4], broadcast_i16_pair_mask(g % 4));
                 for (s, y) in sumi[g % 2].iter_mut().zip(y) {
                     let act = load256(y.qs.as_ptr().add(32 * g).cast());
                     // The quants are < 64 and the activations in -128..=127: a maddubs pair

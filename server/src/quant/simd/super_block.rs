@@ -35,6 +35,14 @@ pub unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
     _mm256_set1_epi16(((2 * k + 1) << 8) | (2 * k))
 }
 
+/// Shuffle mask that broadcasts i16 lane `2p` over the low 128-bit half and lane `2p + 1` over
+/// the high one (`p` < 4): the scales of two consecutive sub-blocks, one per half.
+#[inline(always)]
+pub unsafe fn broadcast_i16_pair_mask(p: usize) -> __m256i {
+    let lane = |k: usize| _mm_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16);
+    _mm256_set_m128i(lane(2 * p + 1), lane(2 * p))
+}
+
 /// The sums of the eight i32 lanes of each of `N` (4 or 8) vectors: lane k is Σ v[k] (for
 /// `N` = 4, lanes 4..8 repeat lanes 0..4).
 #[inline(always)]
