@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-use super::{dpbusd, fma_scaled, groups_ahead, request_next, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
+use super::{dpbusd, f16_lanes, fma_scaled, groups_ahead, request_next, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
 use crate::quant::blocks::{f16_to_f32, Block};
 use crate::quant::format::{dot_x4_rows_by_row, Kernels, WeightRow};
 use crate::quant::isa::Isa;
@@ -112,9 +112,7 @@ pub unsafe fn vec_dot_n<I: Isa, B: SignedBlock32, const N: usize>(
 /// four rows, each lane the product the single-row kernels form.
 #[inline(always)]
 unsafe fn scales_4rows<B: SignedBlock32>(b: [&B; 4], d_a: f32) -> __m128 {
-    let d = b.map(|b| i16::from_le_bytes(b.d()));
-    let d_w = _mm_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], 0, 0, 0, 0));
-    _mm_mul_ps(d_w, _mm_set1_ps(d_a))
+    _mm_mul_ps(_mm_cvtph_ps(f16_lanes(b.map(|b| b.d()))), _mm_set1_ps(d_a))
 }
 
 /// [`vec_dot`] of four weight rows against one activation row, each row's result bit-identical
@@ -314,8 +312,7 @@ unsafe fn four_rows_free<I: Isa, B: SignedBlock32, const N: usize>(
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
         let wq = b.map(|b| if I::VNNI { vnni_unsigned(b) } else { b.quants() });
-        let d = b.map(|b| i16::from_le_bytes(b.d()));
-        let d_w = _mm_cvtph_ps(_mm_setr_epi16(d[0], d[1], d[2], d[3], 0, 0, 0, 0));
+        let d_w = _mm_cvtph_ps(f16_lanes(b.map(|b| b.d())));
         for (acc, a) in acc.iter_mut().zip(a) {
             let ab = a.get_unchecked(i);
             let aq = load256(ab.qs.as_ptr().cast());

@@ -34,7 +34,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::block32::{SignedBlock32, ROWS_MAX_BLOCKS};
-use super::{groups_ahead, load128, request_next};
+use super::{f16_lanes, groups_ahead, load128, request_next};
 use crate::quant::blocks::f16_to_f32;
 use crate::quant::formats::q8_0::BlockQ8_0;
 use crate::quant::isa::Isa;
@@ -138,26 +138,12 @@ unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
         });
         // Less offset·Σa: each row's Σq·a.
         let sums = _mm256_add_epi32(B::sums::<I>(pairs, a_lo, a_hi), _mm256_set1_epi32(act.minus_offset));
-        let d_w = _mm256_cvtph_ps(scales_f16(b.map(|b| b.d())));
+        let d_w = _mm256_cvtph_ps(f16_lanes(b.map(|b| b.d())));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d_w, _mm256_set1_ps(act.d)), acc);
     }
     let mut out = [0.0f32; ROWS];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);
     out
-}
-
-/// The eight rows' f16 scales as one vector, packed four to a 64-bit word in general-purpose
-/// registers: the integer pipes are idle here, and `_mm_setr_epi16` from eight addresses
-/// (eight `vpinsrw` and seven unpacks) took the vector shuffle pipe, which the nibbles' lookups
-/// and the horizontal adds keep busy.
-#[inline(always)]
-unsafe fn scales_f16(d: [[u8; 2]; ROWS]) -> __m128i {
-    let word = |d: &[[u8; 2]]| {
-        d.iter()
-            .rev()
-            .fold(0u64, |w, d| (w << 16) | u16::from_le_bytes(*d) as u64)
-    };
-    _mm_set_epi64x(word(&d[4..]) as i64, word(&d[..4]) as i64)
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::block32::SignedBlock32;
-use super::{dpbusd, dpbusd_broadcast};
+use super::{dpbusd, dpbusd_broadcast, f16_lanes};
 use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
 use crate::quant::blocks::f16_to_f32;
 use crate::quant::formats::q8_0::BlockQ8_0;
@@ -220,9 +220,7 @@ impl Panel {
         for (j, i) in slice.enumerate() {
             let b = rows.map(|r| r.get_unchecked(i));
             self.quads[j].write(transpose_8x8(b.map(|b| panel_quants::<I, B>(b))));
-            let h = b.map(|b| i16::from_le_bytes(b.d()));
-            let h = _mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
-            self.d[j].write(_mm256_cvtph_ps(h));
+            self.d[j].write(_mm256_cvtph_ps(f16_lanes(b.map(|b| b.d()))));
         }
     }
 }

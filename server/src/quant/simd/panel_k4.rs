@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
 use super::super_block::{k4_sub_sums, scales_mins_k4_x86};
-use super::{dpbusd_broadcast, load256};
+use super::{dpbusd_broadcast, f16_lanes, load256};
 use crate::quant::formats::q4_k::BlockQ4K;
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
@@ -225,10 +225,7 @@ unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS], out: &mut MaybeUninit<P
     }));
     let scales = std::array::from_fn(|s| scale_lanes::<I>(pairs[s / 2], s % 2));
     // The halves as values, not through a `fn` pointer (which LLVM may leave as calls).
-    let f16x8 = |h: [[u8; 2]; 8]| {
-        let h = h.map(i16::from_le_bytes);
-        _mm256_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]))
-    };
+    let f16x8 = |h: [[u8; 2]; 8]| _mm256_cvtph_ps(f16_lanes(h));
     std::ptr::addr_of_mut!((*out).scales).write(scales);
     std::ptr::addr_of_mut!((*out).mins).write([pairs[4], pairs[5], pairs[6], pairs[7]]);
     std::ptr::addr_of_mut!((*out).d).write(f16x8(b.map(|b| b.d)));

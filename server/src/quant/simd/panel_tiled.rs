@@ -38,7 +38,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
-use super::dpbusd_broadcast;
+use super::{dpbusd_broadcast, f16_lanes};
 use crate::quant::blocks::{Block, QK_K};
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
@@ -232,9 +232,7 @@ impl Panel {
                 quads.add(g).write(transpose_8x8(values.map(|v| v[g])));
             }
             p.scales[j].write(panel_scales::<I, B>(b));
-            let h = b.map(|b| i16::from_le_bytes(b.d()));
-            let h = _mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]);
-            p.d[j].write(_mm256_cvtph_ps(h));
+            p.d[j].write(_mm256_cvtph_ps(f16_lanes(b.map(|b| b.d()))));
         }
     }
 }
