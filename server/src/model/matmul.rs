@@ -143,9 +143,9 @@ pub fn matmul(
     // request has asked for, runs long: sixteen per thread decoded 3-5 % slower at two threads
     // (Zen 4, Gemma 1B IQ4_XS 40.3-41.3 -> 42.1-42.9 tok/s, Llama 1B Q4_0 40.3-41.5 ->
     // 41.7-43.4; prefill unchanged). At least 64 KiB of weights each: smaller matrices run on
-    // the calling thread, where waking a worker would cost more than it saves. A multiple of 8 rows, so every row but a matrix's
-    // last few goes through the four-row kernels, and prefill's GEMM (quant/simd/panel.rs)
-    // gets whole panels of eight.
+    // the calling thread, where waking a worker would cost more than it saves. A multiple of 8
+    // rows, so every row but a matrix's last few goes through the four-row kernels, and
+    // prefill's GEMM (quant/simd/panel.rs) gets whole panels of eight.
     let chunk = (rows / (pool.threads() * 4))
         .clamp(16, 4096)
         .max((64 << 10) / w.row_bytes)
