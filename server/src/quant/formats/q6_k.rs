@@ -126,22 +126,27 @@ avx2! {
         #[inline(always)]
         unsafe fn quants(&self) -> [__m256i; 8] {
             let m4 = _mm256_set1_epi8(0x0F);
-            let m2 = _mm256_set1_epi8(3);
             let mut out = [_mm256_setzero_si256(); 8];
             for half in 0..2 {
                 let ql0 = load256(self.ql.as_ptr().add(64 * half));
                 let ql1 = load256(self.ql.as_ptr().add(64 * half + 32));
                 let qh = load256(self.qh.as_ptr().add(32 * half));
-                let high = |shift: i32| {
-                    let s = _mm_cvtsi32_si128(shift);
-                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s), m2), 4)
-                };
-                out[4 * half] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0));
-                out[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2));
+                // Group k's two bits sit at bits 2k..2k+2 of qh and belong at bits 4..6: mask
+                // them in place, then one 16-bit shift moves them (the mask keeps a byte's bits
+                // from crossing into its neighbour). Group 2's are already in place.
+                let bits = |mask: i8| _mm256_and_si256(qh, _mm256_set1_epi8(mask));
+                let high = [
+                    _mm256_slli_epi16(bits(0x03), 4),
+                    _mm256_slli_epi16(bits(0x0C), 2),
+                    bits(0x30),
+                    _mm256_srli_epi16(bits(0xC0u8 as i8), 2),
+                ];
+                out[4 * half] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high[0]);
+                out[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), high[1]);
                 out[4 * half + 2] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4));
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high[2]);
                 out[4 * half + 3] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6));
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high[3]);
             }
             out
         }
