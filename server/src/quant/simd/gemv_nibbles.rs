@@ -34,7 +34,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::block32::{SignedBlock32, ROWS_MAX_BLOCKS};
-use super::{f16_lanes, groups_ahead, load128, request_next};
+use super::{blocks_per_request, f16_lanes, groups_ahead, load128, request_lines, unrolled};
 use crate::quant::blocks::f16_to_f32;
 use crate::quant::formats::q8_0::BlockQ8_0;
 use crate::quant::isa::Isa;
@@ -106,7 +106,7 @@ struct Act {
 }
 
 /// Eight rows of `n` blocks against the prepared activation, requesting the `next` group's
-/// block i as it reads its own ([`request_next`]).
+/// lines as it reads its own ([`request_lines`], every [`blocks_per_request`] blocks).
 #[inline(always)]
 unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
     w: [&[B]; ROWS],
@@ -120,9 +120,10 @@ unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
     assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
     let nibble = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
-    for (i, (ab, act)) in a.iter().zip(t).enumerate() {
-        request_next(next, i);
-        // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+    let mut block = |i: usize| {
+        // SAFETY (get_unchecked): every row has n blocks (asserted above), i < n, and the
+        // table has n entries.
+        let (ab, act) = (a.get_unchecked(i), t.get_unchecked(i));
         let b = w.map(|w| w.get_unchecked(i));
         // The activation's values 0..16 and 16..32, each in both 128-bit halves.
         let a_lo = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().cast()));
@@ -140,6 +141,18 @@ unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
         let sums = _mm256_add_epi32(B::sums::<I>(pairs, a_lo, a_hi), _mm256_set1_epi32(act.minus_offset));
         let d_w = _mm256_cvtph_ps(f16_lanes(b.map(|b| b.d())));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d_w, _mm256_set1_ps(act.d)), acc);
+    };
+    // Runs of a line's worth of blocks, each run requesting the next group's lines once
+    // (`request_lines`; the blocks are in order either way).
+    let run = blocks_per_request::<B>();
+    const { assert!(blocks_per_request::<B>() <= 4, "a run longer than `unrolled` takes") };
+    for start in (0..n).step_by(run) {
+        request_lines(next, start);
+        unrolled::<4>(|k| {
+            if k < run && start + k < n {
+                block(start + k);
+            }
+        });
     }
     let mut out = [0.0f32; ROWS];
     _mm256_storeu_ps(out.as_mut_ptr(), acc);
