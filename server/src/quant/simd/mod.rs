@@ -57,7 +57,9 @@ pub unsafe fn groups_ahead<I: Isa, B: Block, const R: usize>(
         let bytes = rows.get(g * group..(g + 1) * group)?;
         Some(std::array::from_fn(|r| blocks(&bytes[r * row_bytes..(r + 1) * row_bytes])))
     };
-    let ahead = (4 * quads_ahead_of::<I>()).div_ceil(R);
+    let ahead = (4 * quads_ahead_of::<I>())
+        .div_ceil(R)
+        .max(min_bytes_ahead_of::<I, B>().div_ceil(group.max(1)));
     crate::quant::prefetch(&rows[..(ahead * group).min(rows.len())]);
     let groups = n_rows / R;
     for g in 0..groups {
@@ -79,6 +81,27 @@ pub const fn quads_ahead_of<I: Isa>() -> usize {
         2
     } else {
         1
+    }
+}
+
+/// The least distance, in bytes, [`groups_ahead`] requests ahead where the requests go to L2
+/// ([`quads_ahead_of`]): with narrow rows two quads are only a few KB, too close to hide the
+/// memory's latency. `kernel_bench` on Zen 4, 1 thread, from memory, 3 alternating runs, the
+/// quads' distance vs at least 8 KB: Q8_0 free-order 640-wide (the default model's LM head)
+/// 28.4-29.1 -> 30.5-34.9 GB/s; eight-row 1152-wide (Gemma 1B) IQ4_NL 20.4-20.5 -> 21.9-22.2,
+/// Q4_0 21.5-22.0 -> 23.3-23.6; rows already that far apart (Q4_0 2048-wide, Q8_0
+/// 1152-wide) unchanged. The L1 hints of Zen 1-3 keep the quads' distance (see above).
+///
+/// Only the 32-value formats (blocks under a line), where it was measured: for Q4_K's four-row
+/// kernel the distance is two quads either way, but computed at run time it changed how LLVM
+/// laid out the loop's registers, and the kernel read 18.1-18.8 GB/s from memory instead of
+/// 23.2-23.5 (2048-wide, 4 alternating runs).
+#[inline(always)]
+const fn min_bytes_ahead_of<I: Isa, B>() -> usize {
+    if I::VNNI && size_of::<B>() < 64 {
+        8192
+    } else {
+        0
     }
 }
 

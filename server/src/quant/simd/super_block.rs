@@ -39,8 +39,8 @@ pub unsafe fn broadcast_i16_mask(k: i16) -> __m256i {
 /// the high one (`p` < 4): the scales of two consecutive sub-blocks, one per half.
 #[inline(always)]
 pub unsafe fn broadcast_i16_pair_mask(p: usize) -> __m256i {
-    let lane = |k: usize| _mm_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16);
-    _mm256_set_m128i(lane(2 * p + 1), lane(2 * p))
+    let half = |k: usize| _mm256_castsi256_si128(broadcast_i16_mask(k as i16));
+    _mm256_set_m128i(half(2 * p + 1), half(2 * p))
 }
 
 /// The sums of the eight i32 lanes of each of `N` (4 or 8) vectors: lane k is Σ v[k] (for
