@@ -296,15 +296,18 @@ pub(crate) fn prefetch_l1(bytes: &[u8]) {
     let _ = bytes;
 }
 
-/// One prefetch per 64 bytes of `bytes` and one for its last byte: the slice need not start a
-/// line, so its last line can lie past the last 64-byte step.
+/// Bytes per cache line on the x86-64 CPUs we run on: the step of the prefetch requests.
+pub(crate) const CACHE_LINE: usize = 64;
+
+/// One prefetch per [`CACHE_LINE`] bytes of `bytes` and one for its last byte: the slice need
+/// not start a line, so its last line can lie past the last step.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_lines<const HINT: i32>(bytes: &[u8]) {
     let p = bytes.as_ptr().cast::<i8>();
     // SAFETY: a prefetch only hints the cache and never faults; the offsets are in bounds.
     unsafe {
-        for offset in (0..bytes.len()).step_by(64) {
+        for offset in (0..bytes.len()).step_by(CACHE_LINE) {
             std::arch::x86_64::_mm_prefetch::<HINT>(p.add(offset));
         }
         if let Some(last) = bytes.len().checked_sub(1) {

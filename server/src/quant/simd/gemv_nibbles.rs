@@ -144,9 +144,10 @@ unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
     };
     // Runs of a line's worth of blocks, each run requesting the next group's lines once
     // (`request_lines`; the blocks are in order either way). This loop's speed from memory
-    // depends on its shape more than its instruction count shows: with the same instructions
-    // per block, plain nested loops read 17 GB/s instead of 24 (Q4_0, Zen 4), and a `block` that
-    // LLVM leaves as a call 13.6. Measure any change from memory, in all four instances.
+    // depends on its shape more than its instruction count shows: written as plain nested
+    // loops, with IQ4_NL's sums unchanged, it read 14.9-15.9 GB/s from memory instead of
+    // 22.7-23.3 (the same from L2; Zen 4), and a `block` that LLVM leaves as a call costs
+    // more (Q4_0: 13.6 instead of 24). Measure any change from memory, in all four instances.
     let run = blocks_per_request::<B>();
     const { assert!(blocks_per_request::<B>() <= 4, "a run longer than `unrolled` takes") };
     for start in (0..n).step_by(run) {

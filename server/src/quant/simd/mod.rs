@@ -15,6 +15,7 @@ use std::arch::x86_64::*;
 
 use super::blocks::{blocks, Block};
 use super::isa::Isa;
+use super::CACHE_LINE;
 
 pub mod block32;
 pub mod float;
@@ -98,7 +99,7 @@ pub const fn quads_ahead_of<I: Isa>() -> usize {
 /// 23.2-23.5 (2048-wide, 4 alternating runs).
 #[inline(always)]
 const fn min_bytes_ahead_of<I: Isa, B>() -> usize {
-    if I::VNNI && size_of::<B>() < 64 {
+    if I::VNNI && size_of::<B>() < CACHE_LINE {
         8192
     } else {
         0
@@ -133,8 +134,9 @@ pub fn request_block<B>(b: &B) {
 
 /// Requests block i of each of the `next` rows into L2: what a many-row kernel given
 /// [`groups_ahead`]'s next group does as it reads its own block i. Blocks under a line are
-/// requested by their last byte every `64 / size` blocks (at most a line apart, so no line is
-/// skipped), the first block also by its first; larger ones by every line ([`request_block`]).
+/// requested by their last byte every [`blocks_per_request`] blocks (at most a line apart, so no
+/// line is skipped), the first block also by its first; larger ones by every line
+/// ([`request_block`]).
 /// L2, not L1 (`prefetcht1`): on Zen 4, which honours the hint, the default model's decode at
 /// 1 thread went from 37.5-41.1 tok/s with `prefetcht0` to 48.2-56.5 (3 alternating runs;
 /// Gemma 1B IQ4_XS 15.4-15.6 -> 18.2-19.7, Llama 1B Q4_0 17.3-18.6 -> 19.9-20.0): four rows'
@@ -151,7 +153,7 @@ pub unsafe fn request_next<B, const R: usize>(next: Option<[&[B]; R]>, i: usize)
 /// more.
 #[inline(always)]
 pub const fn blocks_per_request<B>() -> usize {
-    let per_line = 64 / size_of::<B>();
+    let per_line = CACHE_LINE / size_of::<B>();
     if per_line == 0 {
         1
     } else {
@@ -166,7 +168,7 @@ pub const fn blocks_per_request<B>() -> usize {
 pub unsafe fn request_lines<B, const R: usize>(next: Option<[&[B]; R]>, i: usize) {
     let Some(next) = next else { return };
     let size = size_of::<B>();
-    if size >= 64 {
+    if size >= CACHE_LINE {
         for x in next {
             // SAFETY (get_unchecked): the kernels assert that the next rows are as long as
             // theirs, and i is below that.
