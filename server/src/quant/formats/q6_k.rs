@@ -80,7 +80,7 @@ avx2! {
     use crate::quant::simd::super_block::{
         broadcast_i16_pair_mask, check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
     };
-    use crate::quant::simd::{dpwssd, load128, load256, panel_tiled};
+    use crate::quant::simd::{and_or, dpwssd, load128, load256, panel_tiled};
     use crate::quant::DotOrder;
 
     impl ScaledBlock for BlockQ6K {
@@ -110,7 +110,7 @@ avx2! {
         /// The stored quants (value + 32), as [`BlockQ6K::quants`] unpacks them.
         #[inline(always)]
         unsafe fn quants<I: Isa>(&self) -> [__m256i; 8] {
-            BlockQ6K::quants(self)
+            BlockQ6K::quants::<I>(self)
         }
 
         #[inline(always)]
@@ -124,7 +124,7 @@ avx2! {
         /// The six-bit quants (+32) of 32-value group g (< 8) in `[g]`: half h = g / 4 reads
         /// ql[64h..64h+64] and qh[32h..32h+32].
         #[inline(always)]
-        unsafe fn quants(&self) -> [__m256i; 8] {
+        unsafe fn quants<I: Isa>(&self) -> [__m256i; 8] {
             let m4 = _mm256_set1_epi8(0x0F);
             let mut out = [_mm256_setzero_si256(); 8];
             for half in 0..2 {
@@ -141,12 +141,10 @@ avx2! {
                     bits(0x30),
                     _mm256_srli_epi16(bits(0xC0u8 as i8), 2),
                 ];
-                out[4 * half] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high[0]);
-                out[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), high[1]);
-                out[4 * half + 2] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high[2]);
-                out[4 * half + 3] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high[3]);
+                out[4 * half] = and_or::<I>(ql0, m4, high[0]);
+                out[4 * half + 1] = and_or::<I>(ql1, m4, high[1]);
+                out[4 * half + 2] = and_or::<I>(_mm256_srli_epi16(ql0, 4), m4, high[2]);
+                out[4 * half + 3] = and_or::<I>(_mm256_srli_epi16(ql1, 4), m4, high[3]);
             }
             out
         }
@@ -155,7 +153,7 @@ avx2! {
         /// unpacked once.
         #[inline(always)]
         unsafe fn sumi_n<I: Isa, const N: usize>(&self, y: [&BlockQ8K; N]) -> [__m256i; N] {
-            let quants = self.quants();
+            let quants = self.quants::<I>();
             // The sixteen scales as i16, then scales 0..8 and 8..16 each in both 128-bit
             // halves: one shuffle per group gives its two (one per half).
             let scales = _mm256_cvtepi8_epi16(load128(self.scales.as_ptr().cast()));

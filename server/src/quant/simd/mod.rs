@@ -300,6 +300,27 @@ pub unsafe fn dpwssd<I: Isa>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     }
 }
 
+/// `(a & mask) | b`: with VNNI (which comes with AVX512VL here) one `vpternlogd`, otherwise an
+/// `and` and an `or`. Unpacking a quant from a low part and a high part is this per 32 values.
+#[inline(always)]
+pub unsafe fn and_or<I: Isa>(a: __m256i, mask: __m256i, b: __m256i) -> __m256i {
+    if I::VNNI {
+        let mut a = a;
+        // SAFETY: as in `dpbusd` (AVX512VL); the instruction reads registers only. 0xEA is the
+        // truth table of `(a & mask) | b` with the operands in this order.
+        std::arch::asm!(
+            "vpternlogd {a}, {mask}, {b}, 0xEA",
+            a = inout(ymm_reg) a,
+            mask = in(ymm_reg) mask,
+            b = in(ymm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        a
+    } else {
+        _mm256_or_si256(_mm256_and_si256(a, mask), b)
+    }
+}
+
 /// [`dpbusd`] with the signed operand read from memory: under VNNI one `vpdpbusd` with the load
 /// folded (the shared primitive takes registers only, which costs a separate load per row).
 #[inline(always)]
