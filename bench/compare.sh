@@ -8,6 +8,8 @@
 #   PEER=~/.cache/peer/bin/python MODEL=x.gguf bench/compare.sh [PAIRS] [bench args...]
 # e.g. bench/compare.sh 5 -p 128,2048 -n 128 -t 1,2   (those are the defaults)
 # KERNELS=avx2 runs our x86-64-v3 kernels on a CPU that has VNNI (what Zen 1 runs).
+# OUT=DIR keeps the raw results (each engine's JSON per pair, the probe, run.json) in DIR, from
+# which bench/performance_page.py writes docs/performance.md's table for this CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER=${PEER:-$HOME/.cache/peer/bin/python}
@@ -17,8 +19,14 @@ shift || true
 ARGS=("$@")
 [ ${#ARGS[@]} -gt 0 ] || ARGS=(-p 128,2048 -n 128 -t 1,2)
 cargo build --release -q -p llm-server --bin llm-server
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+if [ -n "${OUT:-}" ]; then
+  out=$OUT
+  mkdir -p "$out"
+else
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 # The probe runs at 1 thread and at the run's -t counts.
 THREADS=1
 for ((i = 0; i < ${#ARGS[@]}; i++)); do
@@ -40,6 +48,29 @@ for i in $(seq "$PAIRS"); do
   ./target/release/llm-server ${KERNELS:+--kernels "$KERNELS"} bench -m "$MODEL" "${ARGS[@]}" -r 1 --json >"$out/ours.$i.json"
   "$PEER" bench/peer_bench.py -m "$MODEL" "${ARGS[@]}" -r 1 >"$out/peer.$i.json"
 done
+# What bench/performance_page.py needs besides the results: the command, when, at which commit,
+# and the CPU's identity (its class: vendor, family, model).
+"$PEER" - "$out/run.json" "$started" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+  "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- server || echo +dirty)" \
+  "${KERNELS:-}" "$PAIRS" "${ARGS[@]}" <<'PY'
+import json, sys
+path, started, finished, commit, kernels, pairs, *args = sys.argv[1:]
+cpu = {}
+for line in open("/proc/cpuinfo"):
+    key, _, value = line.partition(":")
+    key = key.strip()
+    if key in ("vendor_id", "cpu family", "model", "model name") and key not in cpu:
+        cpu[key] = value.strip()
+    if not line.strip():
+        break
+command = " ".join(["bench/compare.sh", pairs, *args])
+if kernels:
+    command = f"KERNELS={kernels} {command}"
+json.dump({"command": command, "pairs": int(pairs), "started": started, "finished": finished,
+           "commit": commit, "vendor": cpu.get("vendor_id", ""),
+           "family": int(cpu.get("cpu family", "0")), "model": int(cpu.get("model", "0")),
+           "cpu": cpu.get("model name", "unknown CPU")}, open(path, "w"), indent=1)
+PY
 "$PEER" - "$out" "$PAIRS" <<'PY'
 import json, statistics, sys
 d, pairs = sys.argv[1], int(sys.argv[2])

@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""Writes docs/performance.md's table for one CPU class from bench/compare.sh's raw results.
+
+Run compare.sh once per model with OUT=DIR (it keeps each engine's JSON per pair, the
+bandwidth probe and run.json there), then give this script the directories, each with the
+label its row gets:
+
+    MODEL=default.gguf OUT=/tmp/perf/default bench/compare.sh 5 -p 128,2048 -n 128 -t 1,2
+    MODEL=q4_0.gguf    OUT=/tmp/perf/q4_0    bench/compare.sh 5 -p 128,2048 -n 128 -t 1,2
+    bench/performance_page.py "/tmp/perf/default=default (Gemma 3 270M Q4_K_M)" \\
+        "/tmp/perf/q4_0=Llama 1B shapes, Q4_0"
+
+Every directory must come from the same CPU class (vendor, family and model range, e.g. AMD
+Zen 2) and the same kernels. The page holds one section per class between
+`<!-- performance-table KEY -->` and `<!-- /performance-table KEY -->`; this class's section is
+replaced (or added before `<!-- performance-tables-end -->`) and every other one is kept as it
+is. `--self-test` checks the table writing on a built sample and exits.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import textwrap
+
+PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "performance.md")
+END = "<!-- performance-tables-end -->"
+
+
+def start_marker(key):
+    return f"<!-- performance-table {key} -->"
+
+
+def end_marker(key):
+    return f"<!-- /performance-table {key} -->"
+
+
+def cpu_class(vendor, family, model):
+    """A CPU's class by its microarchitecture, which decides how the kernels run."""
+    if vendor == "AuthenticAMD":
+        if family == 23:
+            return "AMD Zen 2" if model >= 0x30 else "AMD Zen 1"
+        if family == 25:
+            zen4 = 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF
+            return "AMD Zen 4" if zen4 else "AMD Zen 3"
+        if family == 26:
+            return "AMD Zen 5"
+        return f"AMD family {family} model {model}"
+    if vendor == "GenuineIntel":
+        return f"Intel family {family} model {model}"
+    return f"{vendor or 'unknown vendor'} family {family} model {model}"
+
+
+KERNELS = {"avx2": "x86-64-v3 (AVX2) kernels", "vnni": "AVX512-VNNI kernels"}
+
+
+def load(directory):
+    """One compare.sh run: its run.json, the probe, and the pairs' JSON documents."""
+
+    def read(name):
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            sys.exit(f"{path} is missing: run bench/compare.sh with OUT={directory}")
+
+    run = read("run.json")
+    pairs = [(read(f"ours.{i}.json"), read(f"peer.{i}.json")) for i in range(1, run["pairs"] + 1)]
+    return {"run": run, "probe": read("probe.json"), "pairs": pairs}
+
+
+def fill(text):
+    return textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False)
+
+
+def median_range(values, fmt="{:.2f}"):
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+def summarise(result):
+    """Per (test, threads) the pairs' ratios and each engine's median tok/s, in our order."""
+    key = lambda r: (r["test"], r["threads"])
+    by_key = [({key(r): r for r in o["results"]}, {key(r): r for r in p["results"]})
+              for o, p in result["pairs"]]
+    tests = {}
+    for r in result["pairs"][0][0]["results"]:
+        k = key(r)
+        if k not in by_key[0][1]:
+            continue  # a test the peer does not run (tgNxS)
+        tests[k] = {
+            "ratios": [o[k]["median"] / p[k]["median"] for o, p in by_key],
+            "ours": statistics.median(o[k]["median"] for o, _ in by_key),
+            "peer": statistics.median(p[k]["median"] for _, p in by_key),
+        }
+    return tests
+
+
+def probe_range(results, threads):
+    """The model file's read bandwidth over the runs' probes at `threads`, GB/s."""
+    seen = [b["best_gb_per_s"] for r in results for b in r["probe"]["read_bandwidth"]
+            if b["source"] == "model_file" and b["threads"] == threads]
+    if not seen:
+        return None
+    return f"{min(seen):.1f}" if min(seen) == max(seen) else f"{min(seen):.1f}–{max(seen):.1f}"
+
+
+def section(results, labels):
+    """This CPU class's section of the page, markers included."""
+    first = results[0]
+    ours0 = first["pairs"][0][0]
+    run = first["run"]
+    kernels = ours0["kernels"]
+    cls = cpu_class(run["vendor"], run["family"], run["model"])
+    for r in results[1:]:
+        other = cpu_class(r["run"]["vendor"], r["run"]["family"], r["run"]["model"])
+        if (other, r["pairs"][0][0]["kernels"]) != (cls, kernels):
+            sys.exit(f"the runs are from different CPU classes or kernels: {cls} {kernels}, "
+                     f"{other} {r['pairs'][0][0]['kernels']}; give one class at a time")
+    key = re.sub(r"[^a-z0-9]+", "-", f"{cls} {kernels}".lower()).strip("-")
+    summaries = [summarise(r) for r in results]
+    columns = list(summaries[0])
+    for s in summaries[1:]:
+        columns += [c for c in s if c not in columns]
+    commands = sorted({r["run"]["command"] for r in results})
+    commits = sorted({r["run"]["commit"] for r in results})
+    # 2026-12-05T21:42:10Z -> 2026-12-05 21:42
+    when = lambda stamp: stamp.replace("T", " ")[:16]
+    started = when(min(r["run"]["started"] for r in results))
+    finished = when(max(r["run"]["finished"] for r in results))
+    cpus = sorted({r["run"]["cpu"] for r in results})
+    pairs = sorted({r["run"]["pairs"] for r in results})
+    title = f"{cls}, {KERNELS.get(kernels, kernels + ' kernels')}"
+    intro = (
+        f"{', '.join(cpus)} (family {run['family']} model {run['model']}); ours with "
+        f"`--kernels {kernels}`, llama.cpp built for x86-64-v3. Measured {started} to {finished} "
+        f"UTC at commit {', '.join(commits)} with `{'`, `'.join(commands)}` per model. Ratio ours "
+        f"/ llama.cpp in tokens per second, median (range) of {'/'.join(map(str, pairs))} "
+        "alternating pairs; above 1 ours is faster.")
+    lines = [
+        start_marker(key),
+        f"### {title}",
+        "",
+        fill(intro),
+        "",
+        "| model | " + " | ".join(f"{t} {n}T" for t, n in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for label, s in zip(labels, summaries):
+        cells = [median_range(s[c]["ratios"]) if c in s else "" for c in columns]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    decode = [c for c in columns if c[0].startswith("tg")]
+    if decode:
+        heading = " / ".join(f"{t} {n}T" for t, n in decode)
+        rows = []
+        for label, s in zip(labels, summaries):
+            rows.append(f"{label} " + " / ".join(
+                f"{s[c]['ours']:.1f} vs {s[c]['peer']:.1f}" if c in s else "-" for c in decode))
+        lines.append(fill(f"Decode tokens per second, ours vs llama.cpp ({heading}): "
+                          + "; ".join(rows) + "."))
+    threads = sorted({n for _, n in columns})
+    bandwidth = [f"{n} thread{'s' if n > 1 else ''} {probe_range(results, n)} GB/s"
+                 for n in threads if probe_range(results, n)]
+    if bandwidth:
+        lines.append(fill("The model file's read bandwidth (`llm-server bench --read-bandwidth`, "
+                          "before each model's pairs): " + ", ".join(bandwidth) + "."))
+    peaks = [f"{label} {max(o['rss_anon_peak_kb'] for o, _ in r['pairs']) // 1024} / "
+             f"{max(p['rss_anon_peak_kb'] for _, p in r['pairs']) // 1024}"
+             for label, r in zip(labels, results)]
+    lines.append(fill("Peak anonymous memory in MiB, ours / llama.cpp with its Python host: "
+                      + "; ".join(peaks) + "."))
+    lines.append(end_marker(key))
+    return key, "\n".join(lines) + "\n"
+
+
+def update(page, key, text):
+    """`page` with `key`'s section replaced by `text`, or `text` added before the end marker."""
+    start, end = start_marker(key), end_marker(key)
+    if start in page:
+        if page.count(start) != 1 or page.count(end) != 1 or page.index(end) < page.index(start):
+            sys.exit(f"the page's section {key} is not one well-formed pair of markers: fix it by hand")
+        a = page.index(start)
+        b = page.index(end) + len(end)
+        if page[b:b + 1] == "\n":
+            b += 1
+        return page[:a] + text + page[b:]
+    if END not in page:
+        sys.exit(f"the page has no {END} line: put it after the last table section")
+    a = page.index(END)
+    return page[:a] + text + "\n" + page[a:]
+
+
+def write(labelled, page_path):
+    results, labels = [], []
+    for arg in labelled:
+        directory, _, label = arg.partition("=")
+        results.append(load(directory))
+        labels.append(label or results[-1]["pairs"][0][0]["model"])
+    key, text = section(results, labels)
+    with open(page_path) as f:
+        page = f.read()
+    with open(page_path, "w") as f:
+        f.write(update(page, key, text))
+    print(f"{page_path}: section {key} written ({len(labels)} models)")
+
+
+def self_test():
+    """Builds compare.sh's output for two models on a Zen 2, writes it into a page that holds
+    another class's section, and checks the numbers, the other section and a second write."""
+
+    def doc(engine, tok_s, anon_kb):
+        results = [{"test": t, "threads": n, "median": v} for (t, n), v in tok_s.items()]
+        return {"engine": engine, "model": "m", "cpu": "AMD EPYC 7B12", "kernels": "avx2",
+                "results": results, "rss_anon_peak_kb": anon_kb, "rss_file_peak_kb": 0}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = []
+        for name, scale in (("a", 1.0), ("b", 2.0)):
+            d = os.path.join(tmp, name)
+            os.mkdir(d)
+            with open(os.path.join(d, "run.json"), "w") as f:
+                json.dump({"command": "bench/compare.sh 3 -p 128 -n 32 -t 1,2", "pairs": 3,
+                           "started": f"2026-12-0{1 if name == 'a' else 2}T10:00:00Z",
+                           "finished": "2026-12-02T11:00:00Z", "commit": "abc1234",
+                           "vendor": "AuthenticAMD", "family": 23, "model": 49,
+                           "cpu": "AMD EPYC 7B12"}, f)
+            with open(os.path.join(d, "probe.json"), "w") as f:
+                json.dump({"read_bandwidth": [
+                    {"source": "model_file", "threads": 1, "best_gb_per_s": 12.5 * scale},
+                    {"source": "model_file", "threads": 2, "best_gb_per_s": 20.0},
+                    {"source": "anonymous", "threads": 1, "best_gb_per_s": 99.0}]}, f)
+            # Pair i: ours 100·{1,2,4}·scale (pp128: a median apart from the mean) and 10·scale+i
+            # (tg32 at 1 thread); peer 100 and 10.
+            for i in (1, 2, 3):
+                ours = doc("llm-server", {("pp128", 1): 100.0 * (1, 2, 4)[i - 1] * scale, ("tg32", 1): 10 * scale + i,
+                                          ("tg32", 2): 20.0, ("tg32x2", 1): 5.0}, 2048 * i)
+                peer = doc("llama.cpp", {("pp128", 1): 100.0, ("tg32", 1): 10.0,
+                                         ("tg32", 2): 10.0}, 4096)
+                json.dump(ours, open(os.path.join(d, f"ours.{i}.json"), "w"))
+                json.dump(peer, open(os.path.join(d, f"peer.{i}.json"), "w"))
+            dirs.append(d)
+        other = ("<!-- performance-table amd-zen-4-vnni -->\n### AMD Zen 4\n| kept | as is |\n"
+                 "<!-- /performance-table amd-zen-4-vnni -->\n")
+        page_path = os.path.join(tmp, "performance.md")
+        before = "# Performance\n\nintro\n\n" + other + "\n" + END + "\n\n## How to reproduce\n"
+        with open(page_path, "w") as f:
+            f.write(before)
+        write([f"{dirs[0]}=first model", dirs[1]], page_path)
+        page = open(page_path).read()
+        unwrapped = page.replace("\n", " ")
+        checks = [
+            (other in page, "the other class's section is kept"),
+            (page.index(other) < page.index("amd-zen-2-avx2") < page.index(END),
+             "the new section comes after the existing one, before the end marker"),
+            ("### AMD Zen 2, x86-64-v3 (AVX2) kernels" in page, "the heading names class and kernels"),
+            ("| model | pp128 1T | tg32 1T | tg32 2T |" in page,
+             "the columns are our tests the peer ran, tg32x2 left out"),
+            ("| first model | 2.00 (1.00–4.00) | 1.20 (1.10–1.30) | 2.00 (2.00–2.00) |" in page,
+             "ratios are the median (range) of the pairs"),
+            ("| m | 4.00 (2.00–8.00) | 2.20 (2.10–2.30) | 2.00 (2.00–2.00) |" in page,
+             "an unlabelled run is named by its model"),
+            ("first model 12.0 vs 10.0 / 20.0 vs 10.0" in unwrapped, "decode tok/s are the medians"),
+            ("1 thread 12.5–25.0 GB/s, 2 threads 20.0 GB/s" in unwrapped, "the probe's range"),
+            ("first model 6 / 4; m 6 / 4" in unwrapped, "peak anonymous memory in MiB"),
+            ("2026-12-01 10:00 to 2026-12-02 11:00 UTC" in unwrapped, "the dates span the runs"),
+        ]
+        write([f"{dirs[0]}=first model", dirs[1]], page_path)
+        checks.append((open(page_path).read() == page, "writing the same runs again changes nothing"))
+        failed = [what for ok, what in checks if not ok]
+        if failed:
+            print(page)
+            sys.exit("self-test failed: " + "; ".join(failed))
+    print(f"self-test passed ({len(checks)} checks)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="*", metavar="DIR[=LABEL]",
+                    help="a compare.sh OUT directory, and the label of its row")
+    ap.add_argument("--page", default=PAGE, help="the page to update (default: docs/performance.md)")
+    ap.add_argument("--self-test", action="store_true", help="check the script on a built sample")
+    a = ap.parse_args()
+    if a.self_test:
+        return self_test()
+    if not a.runs:
+        ap.error("give at least one compare.sh OUT directory (or --self-test)")
+    write(a.runs, a.page)
+
+
+if __name__ == "__main__":
+    main()
