@@ -1,6 +1,6 @@
 # The appliance profile (appliance/profiles/*.toml, as `builtins.fromTOML` reads it) mapped to
 # the values the NixOS modules set. Builtins only, so it evaluates without nixpkgs; the test
-# appliance/tests/nix_profile.rs evaluates it and compares every value with what
+# appliance/tests/it/nix_profile.rs evaluates it and compares every value with what
 # `appliance render` writes for the Debian image, so the two builders cannot drift apart.
 #
 # The profile holds the numbers; what is fixed here (the hardening, the ICMP types, the unit's
@@ -20,7 +20,8 @@ let
   join = builtins.concatStringsSep;
   mib = n: "${toString n}M";
 
-  # The server's process name, always first in earlyoom's avoid list (appliance/src/profile.rs).
+  # The server's process name, always first in earlyoom's avoid list (`SERVER_PROCESS` in
+  # appliance/src/paths.rs).
   serverProcess = "llm-server";
 
   # An anchored regex matching exactly these process names. They are letters, digits, `-` and

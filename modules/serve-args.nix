@@ -1,5 +1,5 @@
 # The arguments of `llm-server serve` (server/src/cli/serve.rs) for the `services.llm-server`
-# settings, one word each. Builtins only: appliance/tests/nix_profile.rs checks them against the
+# settings, one word each. Builtins only: appliance/tests/it/nix_profile.rs checks them against the
 # Debian image's ExecStart. (The key and certificate files are added by the module: their paths
 # are systemd specifiers, which must not be escaped.) `limits` is the profile's [server.limits].
 {

@@ -1,6 +1,6 @@
 # The Cargo workspace as cargo needs it to load: the root manifest, the lock file and every
 # member directory named by the root Cargo.toml's `[workspace] members`, so a new member needs
-# no edit here. Pure (no nixpkgs): `xtask/tests/nix_package.rs` evaluates it with plain
+# no edit here. Pure (no nixpkgs): `xtask/tests/it/nix_package.rs` evaluates it with plain
 # `nix-instantiate` and checks `members` against Cargo.toml. nix/package.nix makes the source
 # from `paths`; what is not listed (testdata/, bench/, fuzz/, modules/, nix/) stays out.
 {

@@ -9,7 +9,7 @@ pub const MIB: u64 = 1 << 20;
 
 /// The arguments of `llm-server plan` that plan `model` with `ctx_size` tokens for each of
 /// `parallel` slots, as JSON. `modules/plan-args.nix` gives the NixOS module the same words
-/// (appliance/tests/nix_profile.rs holds them equal).
+/// (appliance/tests/it/nix_profile.rs holds them equal).
 pub fn args(model: &str, ctx_size: u32, parallel: u32) -> Vec<String> {
     [
         "plan",

@@ -96,6 +96,9 @@ pub fn cargo() -> Command {
 /// This workspace's `llm-server` binary, built by cargo for the profile the calling test was
 /// built with (a no-op when it is current: the test build's library is reused): the test runs
 /// from target/<profile>/deps/, the binary lands in target/<profile>/. Built once per process.
+/// With the `test-hooks` feature, as the test build has it (server/Cargo.toml): without it cargo
+/// would compile the server again and put a binary without the hooks where the server's own
+/// tests (`CARGO_BIN_EXE_llm-server`, the same path) expect one with them.
 pub fn llm_server_binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
@@ -118,6 +121,8 @@ pub fn llm_server_binary() -> PathBuf {
                     "llm-server",
                     "--bin",
                     "llm-server",
+                    "--features",
+                    "test-hooks",
                 ])
                 .args(["--profile", profile])
                 .status()
@@ -160,15 +165,6 @@ pub fn default_model() -> PathBuf {
     );
     path
 }
-
-/// Synthetic models in `testdata/synth` with tensor types the engine does not read for inference
-/// yet (the model-breadth issue adds them), each with those types by ggml name. They open, and
-/// `inspect` and `tokenize` work on them (they need only the header and the vocabulary); the
-/// tests assert that loading one for inference is refused, naming one of its types. A type that
-/// becomes readable fails that test, which says to move the file to the tests of loaded models.
-// Empty since Q5_1, Q2_K, Q3_K, TQ1_0, TQ2_0 and IQ3_S joined the kernels; the tests keep
-// the mechanism (and `cli` patches a tensor to a type no kernel reads) for the next type.
-pub const SYNTH_AWAITING_TYPES: &[(&str, &[&str])] = &[];
 
 /// Bytes of the GGUF file `bytes` with `general.architecture` set to `arch`, which must be as
 /// long as the old name (so no offset moves): a well-formed file of an architecture the engine

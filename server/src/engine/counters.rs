@@ -67,6 +67,7 @@ impl Counters {
     /// Called by the decode thread once per round, holding no lock: it is alive and making
     /// progress.
     pub fn beat(&self) {
+        #[cfg(feature = "test-hooks")]
         test_hook::on_beat();
         self.last_beat.store(monotonic_nanos(), Relaxed);
     }
@@ -107,7 +108,9 @@ impl Counters {
 /// thread hangs for ever when it says `stall`, panics when it says `panic`. Only the process's
 /// environment can set it (no request can); without it a beat costs one load of a `OnceLock`.
 /// It runs in [`Counters::beat`], where the thread holds no lock, as a real hang in the forward
-/// pass would.
+/// pass would. Compiled only with the `test-hooks` feature, which the tests' build turns on
+/// (server/Cargo.toml), never the shipped binary's.
+#[cfg(feature = "test-hooks")]
 mod test_hook {
     use std::path::PathBuf;
     use std::sync::OnceLock;

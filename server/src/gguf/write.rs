@@ -1,8 +1,8 @@
 //! Writing GGUF v3 files: the header (metadata, tensor table) and the tensor data, streamed row
 //! by row so a file of any size is written in constant memory. The layout is the one
-//! [`super::parse`] reads (ggml's docs/gguf.md): little-endian, strings as u64 length + bytes,
-//! every tensor's data aligned to the file's alignment. The round-trip tests hold the value type
-//! numbers here to the reader's.
+//! [`super::parse`] reads (the GGUF specification in ggml's repository): little-endian,
+//! strings as u64 length + bytes, every tensor's data aligned to the file's alignment. The
+//! round-trip tests hold the value type numbers here to the reader's.
 
 use std::io::{self, Write};
 

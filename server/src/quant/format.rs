@@ -57,6 +57,7 @@ pub trait Activation: Format {
     /// its dequantised values (Q8_1's f16 `s`, by which weights with an offset multiply it); 0
     /// where a format stores none or they are exact (Q8_K's integer `bsums`). Read by the
     /// property tests.
+    // Only the property tests read it.
     #[cfg_attr(not(test), allow(dead_code))]
     const SUM_ROUNDING: f64;
     /// Quantises `x` (a whole number of blocks) into `out`, bit-identical to llama.cpp's x86

@@ -268,6 +268,7 @@ async fn record_request(State(state): State<AppState>, req: Request, next: Next)
         .map_or("unmatched", MatchedPath::as_str)
         .to_owned();
     let method = req.method().clone();
+    #[cfg(feature = "test-hooks")]
     test_leak::on_request();
     let response = next.run(req).await.into_response();
     let status = response.status().as_u16();
@@ -282,6 +283,7 @@ async fn record_request(State(state): State<AppState>, req: Request, next: Next)
 /// A deliberate leak for the test that proves the load test's leak bound can fail: with
 /// `LLM_SERVER_TEST_LEAK_PER_REQUEST=<bytes>` in the environment each request leaks that many
 /// bytes of touched heap. Only the process's environment can set it, no request can.
+#[cfg(feature = "test-hooks")]
 mod test_leak {
     use std::sync::OnceLock;
 

@@ -298,58 +298,42 @@ fn inspect_prints_the_tensor_table_of_every_synth_file() {
     }
 }
 
-/// Files with types the kernels do not read: `tokenize` gives llama.cpp's ids (it needs only the
-/// vocabulary), and `run` refuses with one line naming the type.
+/// A file with a type the kernels do not read: `tokenize` gives llama.cpp's ids (it needs only
+/// the vocabulary), and `run` refuses with one line naming the type.
 #[test]
 fn files_with_unread_types_tokenize_but_run_refuses_naming_the_type() {
     // A type no kernel will read (i32 has f32's block layout, so the file stays well formed),
     // so this holds however many quantisations are added.
     let llama = std::fs::read(test_support::synth("synth-llama-q4_0.gguf")).unwrap();
-    let patched = scratch_file(
+    let path = scratch_file(
         "synth-llama-i32-norm.gguf",
         &test_support::with_tensor_type(llama, "blk.0.attn_norm.weight", 26),
     );
-    let mut files: Vec<(PathBuf, Vec<&str>, PathBuf)> = vec![(
-        patched,
-        vec!["i32"],
-        test_support::synth("synth-llama-q4_0.golden.json"),
-    )];
-    for (file, types) in test_support::SYNTH_AWAITING_TYPES {
-        let golden = file.replace(".gguf", ".golden.json");
-        files.push((
-            test_support::synth(file),
-            types.to_vec(),
-            test_support::synth(&golden),
-        ));
-    }
-    for (path, types, golden) in files {
-        let model = path.to_str().unwrap();
-        assert_inspect_lists_tensors(&path);
-        let text = std::fs::read_to_string(&golden).unwrap();
-        let golden: Value = serde_json::from_str(&text).unwrap();
-        let case = &golden["tokenize"][0];
-        let out = llm_server(&[
-            "tokenize",
-            "--model",
-            model,
-            "--text",
-            case["text"].as_str().unwrap(),
-        ]);
-        let got: Vec<u32> = serde_json::from_str(&stdout(&out)).expect("a JSON array");
-        assert_eq!(got, ids(&case["ids"]), "{model}");
+    let model = path.to_str().unwrap();
+    assert_inspect_lists_tensors(&path);
+    let text =
+        std::fs::read_to_string(test_support::synth("synth-llama-q4_0.golden.json")).unwrap();
+    let golden: Value = serde_json::from_str(&text).unwrap();
+    let case = &golden["tokenize"][0];
+    let out = llm_server(&[
+        "tokenize",
+        "--model",
+        model,
+        "--text",
+        case["text"].as_str().unwrap(),
+    ]);
+    let got: Vec<u32> = serde_json::from_str(&stdout(&out)).expect("a JSON array");
+    assert_eq!(got, ids(&case["ids"]), "{model}");
 
-        let stderr = failure(&["run", "--model", model, "--prompt", "hello", "-n", "1"]);
-        assert!(
-            types
-                .iter()
-                .any(|t| stderr.contains(&format!("has type {t} (ggml id"))),
-            "{model}: {stderr}"
-        );
-        assert!(
-            stderr.contains("supported types: ") && stderr.contains("re-quantize"),
-            "{stderr}"
-        );
-    }
+    let stderr = failure(&["run", "--model", model, "--prompt", "hello", "-n", "1"]);
+    assert!(
+        stderr.contains("has type i32 (ggml id"),
+        "{model}: {stderr}"
+    );
+    assert!(
+        stderr.contains("supported types: ") && stderr.contains("re-quantize"),
+        "{stderr}"
+    );
 }
 
 /// A well-formed GGUF of an architecture the engine does not run still inspects and tokenizes;

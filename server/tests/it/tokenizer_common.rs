@@ -1,10 +1,7 @@
 //! Shared by the tokenizer tests: llama.cpp's tokenizer test vectors and the golden tokenizations.
 
-#![allow(dead_code)] // each test binary uses its own subset
-
 use std::path::Path;
 
-#[allow(unused_imports)] // each test binary uses its own subset
 pub use test_support::{default_model, testdata, testdata_dir};
 
 use llm_server::gguf::Gguf;

@@ -46,6 +46,7 @@ impl Activation for Q8_0 {
 }
 
 /// [`Q8_0::quantize`] value by value: the definition, which the AVX2 form is tested against.
+// Where AVX2 is compiled in, only the tests call it (as the definition).
 #[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2"), allow(dead_code))]
 fn quantize_scalar(x: &[f32], out: &mut [BlockQ8_0]) {
     for (xs, b) in x.chunks_exact(QK).zip(out) {

@@ -2,7 +2,6 @@
 //! `llm-server` binary is started on a free loopback port only for what needs a process of its
 //! own (signals, sd_notify, disconnects, its RSS, its exit status), and talked to in HTTP/1.1
 //! over plain sockets, so every byte on the wire is under the test's control.
-#![allow(dead_code)]
 
 pub mod app;
 
