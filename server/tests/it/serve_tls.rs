@@ -22,14 +22,14 @@ struct Cert {
 
 impl Cert {
     fn new(name: &str) -> Cert {
-        let rcgen::CertifiedKey { cert, key_pair } =
+        let rcgen::CertifiedKey { cert, signing_key } =
             rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
                 .unwrap();
         let dir = std::env::temp_dir().join(format!("llm-tls-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
         std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key_pair.serialize_pem()).unwrap();
+        std::fs::write(&key_path, signing_key.serialize_pem()).unwrap();
         Cert {
             der: cert.der().clone(),
             cert: cert_path,
