@@ -20,8 +20,9 @@ pub const MAX_STOP_BYTES: usize = 256;
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct InputArgs {
     /// Largest `grammar`, `response_format` JSON schema and `tools` list (each counted on its
-    /// own, as JSON text) in bytes; larger ones get 413. GBNF grammars may also nest at most
-    /// 100 levels, and each stop sequence may be at most 256 bytes (both fixed).
+    /// own, as JSON text) in bytes; larger ones get 413. A compile may take some 200 bytes of
+    /// memory per byte of grammar: raise it with care. GBNF grammars may also nest at most 25
+    /// levels, and each stop sequence may be at most 256 bytes (both fixed).
     #[arg(long, value_name = "BYTES", default_value_t = InputArgs::default().max_grammar_bytes)]
     pub max_grammar_bytes: usize,
     /// Largest text /tokenize reads and /detokenize writes, in bytes; larger ones get 413.
@@ -182,6 +183,6 @@ mod tests {
         assert_eq!(e.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
         assert!(e.to_string().contains("--grammar-compiles"), "{e}");
         drop(held);
-        limits.compile_slot().await.unwrap();
+        drop(limits.compile_slot().await.unwrap());
     }
 }
