@@ -17,7 +17,9 @@ fuzz_target!(|data: &[u8]| {
     match gbnf::to_lark(text) {
         Ok(lark) => {
             if let Err(e) = compile_for_bytes(&Spec::Lark(lark.clone())) {
-                panic!("the GBNF reader accepted {text:?} as\n{lark}\nbut llguidance refuses it: {e}");
+                panic!(
+                    "the GBNF reader accepted {text:?} as\n{lark}\nbut llguidance refuses it: {e}"
+                );
             }
         }
         Err(e) => {

@@ -26,7 +26,12 @@ fuzz_target!(|data: &[u8]| {
     }
     match parse_body::<CompletionRequest>(data) {
         Ok(req) => {
-            black_box(req.check(&limits).map(|c| c.input).map_err(|e| e.to_string()).ok());
+            black_box(
+                req.check(&limits)
+                    .map(|c| c.input)
+                    .map_err(|e| e.to_string())
+                    .ok(),
+            );
         }
         Err(e) => assert!(!e.to_string().is_empty()),
     }

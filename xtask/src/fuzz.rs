@@ -17,7 +17,13 @@ const SECONDS: u32 = 60;
 
 /// Installs cargo-fuzz if `cargo fuzz` is missing.
 pub fn ensure_cargo_fuzz(sh: &Shell) -> Result<()> {
-    if cmd!(sh, "cargo fuzz --version").quiet().ignore_stdout().ignore_stderr().run().is_ok() {
+    if cmd!(sh, "cargo fuzz --version")
+        .quiet()
+        .ignore_stdout()
+        .ignore_stderr()
+        .run()
+        .is_ok()
+    {
         return Ok(());
     }
     cmd!(sh, "cargo install cargo-fuzz --locked")

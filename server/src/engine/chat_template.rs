@@ -227,10 +227,17 @@ fn plain_json(tokenizer: &Tokenizer, value: &serde_json::Value) -> serde_json::V
     use serde_json::Value;
     match value {
         Value::String(s) => Value::String(tokenizer.mark_plain(s).into_owned()),
-        Value::Array(items) => Value::Array(items.iter().map(|v| plain_json(tokenizer, v)).collect()),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| plain_json(tokenizer, v)).collect())
+        }
         Value::Object(map) => Value::Object(
             map.iter()
-                .map(|(k, v)| (tokenizer.mark_plain(k).into_owned(), plain_json(tokenizer, v)))
+                .map(|(k, v)| {
+                    (
+                        tokenizer.mark_plain(k).into_owned(),
+                        plain_json(tokenizer, v),
+                    )
+                })
                 .collect(),
         ),
         other => other.clone(),

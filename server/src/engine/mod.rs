@@ -96,8 +96,12 @@ impl Engine {
         tools: &[serde_json::Value],
         parse_special_in_content: bool,
     ) -> Result<Vec<u32>, TemplateError> {
-        self.template
-            .tokens(self.model.tokenizer(), turns, tools, parse_special_in_content)
+        self.template.tokens(
+            self.model.tokenizer(),
+            turns,
+            tools,
+            parse_special_in_content,
+        )
     }
 
     /// The prompt for a text to continue. As llama-server: BOS added where the vocabulary wants

@@ -454,10 +454,18 @@ mod tests {
         let n = 30_000;
         let src = format!("root ::= {}\"a\"{}\n", "(".repeat(n), ")".repeat(n));
         let e = to_lark(&src).unwrap_err();
-        assert!(e.message.contains(&format!("deeper than {MAX_DEPTH} levels")), "{e}");
+        assert!(
+            e.message
+                .contains(&format!("deeper than {MAX_DEPTH} levels")),
+            "{e}"
+        );
         assert_eq!(e.line, 1);
         // Just within the limit is fine.
-        let src = format!("root ::= {}\"a\"{}\n", "(".repeat(MAX_DEPTH), ")".repeat(MAX_DEPTH));
+        let src = format!(
+            "root ::= {}\"a\"{}\n",
+            "(".repeat(MAX_DEPTH),
+            ")".repeat(MAX_DEPTH)
+        );
         to_lark(&src).unwrap();
         let src = format!(
             "root ::= {}\"a\"{}\n",
@@ -497,7 +505,10 @@ mod tests {
         // Well under this in a release build (~0.2 s); the quadratic reader never finished.
         assert!(took < Duration::from_secs(3), "{took:?}");
         // The same many references, each on its own line, still report the right line.
-        let src = format!("root ::= ( x{}\n y )\nx ::= \"a\"\n", "\n x".repeat(refs / 2));
+        let src = format!(
+            "root ::= ( x{}\n y )\nx ::= \"a\"\n",
+            "\n x".repeat(refs / 2)
+        );
         let started = Instant::now();
         let e = to_lark(&src).unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(3));
@@ -508,7 +519,10 @@ mod tests {
     #[test]
     fn errors_name_the_line_of_their_cause() {
         let e = to_lark("root ::= a\n\na ::= \"x\"\n# c\na ::= \"y\"\n").unwrap_err();
-        assert_eq!((e.line, e.message.as_str()), (5, "rule `a` is defined twice"));
+        assert_eq!(
+            (e.line, e.message.as_str()),
+            (5, "rule `a` is defined twice")
+        );
         let e = to_lark("root ::= a\n\na ::= b\n").unwrap_err();
         assert_eq!(e.line, 3);
         let e = to_lark("root ::= \"a\"\nb ::= (\"x\"\n").unwrap_err();

@@ -148,7 +148,11 @@ fn gbnf_at_the_depth_limit_compiles() {
     let tok = tokenizer();
     let d = gbnf::MAX_DEPTH;
     // The deepest item is a repeated multi-character literal: the Lark text's deepest point.
-    let src = format!("root ::= {}\"ab\"*{}\n", "(".repeat(d - 1), ")".repeat(d - 1));
+    let src = format!(
+        "root ::= {}\"ab\"*{}\n",
+        "(".repeat(d - 1),
+        ")".repeat(d - 1)
+    );
     Constraint::new(&tok, &Spec::Gbnf(src)).unwrap();
     let src = format!("root ::= {}\"ab\"*{}\n", "(".repeat(d), ")".repeat(d));
     let e = Constraint::new(&tok, &Spec::Gbnf(src)).unwrap_err();
@@ -164,7 +168,8 @@ fn deeply_nested_json_schemas_do_not_overflow_the_stack() {
     let mut schema = serde_json::json!({"type": "integer"});
     // 63 levels of {"properties": {"a": ...}}: 127 levels of JSON, the most a schema can have.
     for _ in 0..63 {
-        schema = serde_json::json!({"type": "object", "properties": {"a": schema}, "required": ["a"]});
+        schema =
+            serde_json::json!({"type": "object", "properties": {"a": schema}, "required": ["a"]});
     }
     let spec = Spec::JsonSchema(schema);
     let result = std::thread::Builder::new()

@@ -128,9 +128,7 @@ impl ApiError {
     fn code(&self) -> Option<&'static str> {
         match self {
             ApiError::Unauthorized => Some("invalid_api_key"),
-            ApiError::TooLarge { .. } | ApiError::FieldTooLarge { .. } => {
-                Some("request_too_large")
-            }
+            ApiError::TooLarge { .. } | ApiError::FieldTooLarge { .. } => Some("request_too_large"),
             ApiError::UnsupportedMediaType { .. } => Some("unsupported_media_type"),
             ApiError::Overloaded { .. } | ApiError::CompilesBusy { .. } => {
                 Some("server_overloaded")

@@ -143,7 +143,8 @@ mod tests {
             let e = check(bad).unwrap_err();
             assert_eq!(e.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "{bad:?}");
             assert!(
-                e.to_string().contains("-H 'Content-Type: application/json'"),
+                e.to_string()
+                    .contains("-H 'Content-Type: application/json'"),
                 "{e}"
             );
         }

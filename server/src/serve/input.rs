@@ -115,7 +115,13 @@ impl InputArgs {
         what: &'static str,
         bytes: usize,
     ) -> Result<(), ApiError> {
-        over(param, what, bytes, self.max_grammar_bytes, "--max-grammar-bytes")
+        over(
+            param,
+            what,
+            bytes,
+            self.max_grammar_bytes,
+            "--max-grammar-bytes",
+        )
     }
 
     /// 413 when `bytes` of `what` (given as `param`) are over --max-tokenize-bytes.
@@ -125,7 +131,13 @@ impl InputArgs {
         what: &'static str,
         bytes: usize,
     ) -> Result<(), ApiError> {
-        over(param, what, bytes, self.max_tokenize_bytes, "--max-tokenize-bytes")
+        over(
+            param,
+            what,
+            bytes,
+            self.max_tokenize_bytes,
+            "--max-tokenize-bytes",
+        )
     }
 }
 
@@ -155,14 +167,18 @@ mod tests {
     #[test]
     fn sizes_over_a_limit_name_it_and_its_option() {
         let limits = InputArgs::default();
-        limits.check_grammar_size("grammar", "`grammar`", 64 << 10).unwrap();
+        limits
+            .check_grammar_size("grammar", "`grammar`", 64 << 10)
+            .unwrap();
         let e = limits
             .check_grammar_size("grammar", "`grammar`", (64 << 10) + 1)
             .unwrap_err();
         assert_eq!(e.status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
         let message = e.to_string();
         assert!(
-            message.contains("65537") && message.contains("65536") && message.contains("--max-grammar-bytes"),
+            message.contains("65537")
+                && message.contains("65536")
+                && message.contains("--max-grammar-bytes"),
             "{message}"
         );
         let e = limits

@@ -313,21 +313,32 @@ fn api_keys() {
         })
     };
     let s = with_keys(false);
-    let r = s.request("POST", "/v1/completions", &[("Content-Type", "application/json")], body);
+    let r = s.request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        body,
+    );
     assert_eq!(r.status, 401);
     assert_eq!(r.header("www-authenticate"), Some("Bearer"));
     assert_eq!(r.json()["error"]["code"], "invalid_api_key");
     let r = s.request(
         "POST",
         "/v1/completions",
-        &[("Authorization", "Bearer sk-wrong"), ("Content-Type", "application/json")],
+        &[
+            ("Authorization", "Bearer sk-wrong"),
+            ("Content-Type", "application/json"),
+        ],
         body,
     );
     assert_eq!(r.status, 401);
     let r = s.request(
         "POST",
         "/v1/completions",
-        &[("Authorization", "Bearer sk-two"), ("Content-Type", "application/json")],
+        &[
+            ("Authorization", "Bearer sk-two"),
+            ("Content-Type", "application/json"),
+        ],
         body,
     );
     assert_eq!(r.status, 200);

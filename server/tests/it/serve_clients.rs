@@ -74,7 +74,12 @@ fn curl(addr: SocketAddr, path: &str, body: Option<&Value>, extra: &[&str]) -> S
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "--fail-with-body", "-N"]).args(extra);
     if let Some(body) = body {
-        cmd.args(["-H", "Content-Type: application/json", "-d", &body.to_string()]);
+        cmd.args([
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body.to_string(),
+        ]);
     }
     let out = cmd
         .arg(format!("http://{addr}{path}"))

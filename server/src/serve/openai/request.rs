@@ -914,10 +914,12 @@ mod tests {
             ..InputArgs::default()
         };
         let check = |extra: String| {
-            chat(&format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{extra}}}"#))
-                .unwrap()
-                .check(&limits)
-                .map(|_| ())
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],{extra}}}"#
+            ))
+            .unwrap()
+            .check(&limits)
+            .map(|_| ())
         };
         let big = "a".repeat(100);
         let tool = |desc: &str| {
@@ -926,7 +928,9 @@ mod tests {
         for (extra, param) in [
             (format!(r#""grammar":"root ::= "{big}"""#), "grammar"),
             (
-                format!(r#""response_format":{{"type":"json_schema","json_schema":{{"schema":{{"description":"{big}"}}}}}}"#),
+                format!(
+                    r#""response_format":{{"type":"json_schema","json_schema":{{"schema":{{"description":"{big}"}}}}}}"#
+                ),
                 "response_format",
             ),
             (format!(r#""tools":[{}]"#, tool(&big)), "tools"),
