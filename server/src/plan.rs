@@ -13,7 +13,8 @@ pub struct MemoryPlan {
     pub weights_bytes: u64,
     /// KV caches of all slots (anonymous).
     pub kv_bytes: u64,
-    /// Per-slot activations, logits and sampler buffers (anonymous).
+    /// Per-slot activations, logits, sampler buffers and the most a grammar may hold
+    /// ([`crate::grammar::GRAMMAR_STATE_BYTES`]) (anonymous).
     pub scratch_bytes: u64,
     /// Vocabulary and its lookup tables, and the grammar engine's compiled copy of it
     /// (anonymous).
@@ -32,7 +33,10 @@ impl MemoryPlan {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let parallel = parallel.max(1);
         let sampler = Sampler::bytes(config.n_vocab);
-        let per_slot = Session::scratch_bytes(&config, &weights, threads, n_ctx) + sampler;
+        // Every slot may generate under a grammar: its worst case is planned, not found.
+        let per_slot = Session::scratch_bytes(&config, &weights, threads, n_ctx)
+            + sampler
+            + crate::grammar::GRAMMAR_STATE_BYTES;
         Ok(MemoryPlan {
             n_ctx,
             parallel,

@@ -94,6 +94,7 @@ impl Sampler {
         (n_vocab * (size_of::<(u32, f32)>() + size_of::<u32>())) as u64
     }
 
+    /// A sampler choosing among the first `n_vocab` logits (the tokenizer's vocabulary).
     pub fn new(params: SamplerParams, n_vocab: usize) -> Sampler {
         Sampler {
             rng: ChaCha8Rng::seed_from_u64(params.seed),
@@ -185,6 +186,10 @@ impl Sampler {
         history: &[u32],
         allowed: Option<&SimpleVob>,
     ) -> u32 {
+        // Only the tokenizer's tokens may be chosen: an embedding padded to a round number of
+        // rows has logits past the vocabulary, and such an id would index past the grammar's
+        // mask (a panic on the decode thread) and has no text.
+        let logits = &logits[..logits.len().min(self.counts.len())];
         let p = &self.params;
         let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
         let penalise = !recent.is_empty()
@@ -225,7 +230,8 @@ impl Sampler {
             self.processed.extend(self.cand.iter().map(|c| c.1));
         }
         if let Some(mask) = allowed {
-            self.cand.retain(|c| mask.is_allowed(c.0));
+            self.cand
+                .retain(|c| (c.0 as usize) < mask.len() && mask.is_allowed(c.0));
             if self.cand.is_empty() {
                 // Nothing allowed is the grammar's bug; end-of-generation is the safe answer.
                 return mask.first_bit_set().map_or(0, |t| t as u32);
@@ -460,6 +466,27 @@ mod tests {
         let expected: Vec<f32> = (80..100).rev().map(|x| x as f32).collect();
         assert_eq!(logits, expected);
         assert_eq!(lp.token, lp.top[0]);
+    }
+
+    #[test]
+    /// Logits of padded embedding rows (past the tokenizer's vocabulary) are never chosen,
+    /// with or without a grammar's mask (issue 42: such an id indexed past the mask).
+    fn padded_rows_are_never_chosen() {
+        // A vocabulary of 3 in an embedding of 8 rows; the padding has the largest logits.
+        let l = [0.1, 0.5, 0.2, 9.0, 9.0, 9.0, 9.0, 9.0];
+        let mut mask = SimpleVob::alloc(3);
+        mask.allow_token(0);
+        mask.allow_token(2);
+        for params in [SamplerParams::greedy(), SamplerParams::default()] {
+            let mut s = Sampler::new(params, 3);
+            for _ in 0..50 {
+                assert!(s.sample(&l, &[]) < 3);
+                assert!(matches!(s.sample_allowed(&l, &[1], Some(&mask)), 0 | 2));
+                let (t, lp) = s.sample_logprobs(&l, &[], Some(&mask), 5);
+                assert!(matches!(t, 0 | 2));
+                assert!(lp.top.iter().all(|c| c.id < 3), "{lp:?}");
+            }
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's build tasks. `main` only dispatches; each task is a module.
 
+mod fuzz;
 mod image;
 mod model;
 mod model_fetch;

@@ -1,12 +1,13 @@
 //! `cargo xtask test`: everything CI checks, in the order that fails fastest on a fresh machine:
 //! the machine's set-up (Debian packages, the tests' pinned Python environment), the default
 //! model, the workspace's tests (release: the golden and load tests run the real model), clippy,
-//! rustfmt, and last (it takes longest) the appliance image rebuilt from the current sources and
-//! booted by the VM test suite.
+//! a bounded fuzz run of the client-facing parsers, rustfmt, and last (it takes longest) the
+//! appliance image rebuilt from the current sources and booted by the VM test suite.
 
 use anyhow::{Context, Result};
 use xshell::{cmd, Shell};
 
+use crate::fuzz;
 use crate::model;
 use crate::setup::{self, Need};
 use crate::util::step;
@@ -47,6 +48,9 @@ impl Test {
         cmd!(sh, "cargo clippy --workspace --all-targets -- -D warnings")
             .run()
             .context("clippy found problems")?;
+
+        step("cargo fuzz: gbnf_parse and request_body, a minute each (fuzz/README.md)");
+        fuzz::run(sh).context("fuzzing failed")?;
 
         step("cargo fmt --check");
         cmd!(sh, "cargo fmt --all --check")

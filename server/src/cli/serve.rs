@@ -11,6 +11,7 @@ use llm_server::engine::{Counters, Engine, Slots, DECODE_THREAD};
 use llm_server::gguf::Gguf;
 use llm_server::model::{LoadOptions, Model};
 use llm_server::serve::auth::ApiKeys;
+use llm_server::serve::input::{InputArgs, InputLimits};
 use llm_server::serve::limit::RateConfig;
 use llm_server::serve::listener::ConnLimits;
 use llm_server::serve::{listener, router, sd_notify, tls, AppState, HttpConfig, Ready};
@@ -98,6 +99,8 @@ pub struct Serve {
     /// Start even when the memory plan does not fit the limits (only warn).
     #[arg(long)]
     ignore_memory_plan: bool,
+    #[command(flatten)]
+    input: InputArgs,
 }
 
 impl Serve {
@@ -146,6 +149,7 @@ impl Serve {
                 burst: self.rate_burst,
             },
             engine_stall: Duration::from_secs(self.engine_stall_timeout),
+            input: InputLimits::new(self.input.clone()),
         };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         // HTTP is light work next to decoding: a small runtime leaves the CPUs to the model.

@@ -10,6 +10,7 @@ use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
 
 use crate::model::Model;
+use crate::tokenizer::Tokenizer;
 
 /// One chat turn after validation.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -133,6 +134,29 @@ impl ChatTemplate {
         })
     }
 
+    /// The prompt's tokens for `turns` and `tools` (see [`ChatTemplate::render_with_tools`]).
+    /// The template's own markup is read for control tokens; what the client wrote (contents,
+    /// roles, calls, tools) is plain text unless `parse_special_in_content` (llama.cpp's way,
+    /// under which `<end_of_turn>` in a user's text ends the turn).
+    pub fn tokens(
+        &self,
+        tokenizer: &Tokenizer,
+        turns: &[Turn],
+        tools: &[serde_json::Value],
+        parse_special_in_content: bool,
+    ) -> Result<Vec<u32>, TemplateError> {
+        // The rendering starts without BOS; the tokenizer adds exactly one.
+        if parse_special_in_content {
+            let text = self.render_with_tools(turns, tools)?;
+            return Ok(tokenizer.encode(&text, true, true));
+        }
+        let turns: Vec<Turn> = turns.iter().map(|t| plain_turn(tokenizer, t)).collect();
+        let tools: Vec<serde_json::Value> =
+            tools.iter().map(|t| plain_json(tokenizer, t)).collect();
+        let text = self.render_with_tools(&turns, &tools)?;
+        Ok(tokenizer.encode_marked(&text, true))
+    }
+
     /// The prompt text for `turns`, ending with the opening of the assistant's turn.
     pub fn render(&self, turns: &[Turn]) -> Result<String, TemplateError> {
         self.render_with_tools(turns, &[])
@@ -181,6 +205,42 @@ impl ChatTemplate {
                 })
             }
         }
+    }
+}
+
+/// `turn` with every text the client wrote marked plain ([`Tokenizer::mark_plain`]).
+fn plain_turn(tokenizer: &Tokenizer, turn: &Turn) -> Turn {
+    Turn {
+        role: tokenizer.mark_plain(&turn.role).into_owned(),
+        content: tokenizer.mark_plain(&turn.content).into_owned(),
+        tool_calls: turn.tool_calls.as_ref().map(|c| plain_json(tokenizer, c)),
+        tool_call_id: turn
+            .tool_call_id
+            .as_ref()
+            .map(|id| tokenizer.mark_plain(id).into_owned()),
+    }
+}
+
+/// `value` with every string in it (keys too) marked plain. Recursion is bounded: the value
+/// was read from a request body, which serde_json reads at most 128 levels deep.
+fn plain_json(tokenizer: &Tokenizer, value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Value::String(tokenizer.mark_plain(s).into_owned()),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| plain_json(tokenizer, v)).collect())
+        }
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    (
+                        tokenizer.mark_plain(k).into_owned(),
+                        plain_json(tokenizer, v),
+                    )
+                })
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }
 

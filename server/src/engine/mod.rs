@@ -85,22 +85,23 @@ impl Engine {
         self.scheduler.n_ctx()
     }
 
-    /// The prompt for a chat: the turns in the model's template, then the opening of the
-    /// assistant's turn.
-    pub fn chat_prompt(&self, turns: &[Turn]) -> Result<Vec<u32>, TemplateError> {
-        let text = self.template.render(turns)?;
-        // The template's text starts without BOS; the tokenizer adds exactly one.
-        Ok(self.model.tokenizer().encode(&text, true, true))
-    }
-
-    /// As [`Engine::chat_prompt`], offering the functions `tools` (OpenAI's `tools` list).
-    pub fn chat_prompt_with_tools(
+    /// The prompt for a chat: the turns in the model's template, offering the functions
+    /// `tools` (OpenAI's `tools` list, may be empty), then the opening of the assistant's turn.
+    /// The template's own markup is read for control tokens; what the client wrote (contents,
+    /// roles, calls, tools) is plain text unless `parse_special_in_content` (llama.cpp's way,
+    /// under which `<end_of_turn>` in a user's text ends the turn).
+    pub fn chat_prompt(
         &self,
         turns: &[Turn],
         tools: &[serde_json::Value],
+        parse_special_in_content: bool,
     ) -> Result<Vec<u32>, TemplateError> {
-        let text = self.template.render_with_tools(turns, tools)?;
-        Ok(self.model.tokenizer().encode(&text, true, true))
+        self.template.tokens(
+            self.model.tokenizer(),
+            turns,
+            tools,
+            parse_special_in_content,
+        )
     }
 
     /// The prompt for a text to continue. As llama-server: BOS added where the vocabulary wants

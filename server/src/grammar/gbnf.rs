@@ -7,6 +7,11 @@
 //! ranges) and their escapes (`\x..`, `\u....`, `\U........`, `\t \r \n \\ \" \[ \] \-`), `.`,
 //! `*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`, `# comments`. Not supported (refused by name): token
 //! references `<...>`.
+//!
+//! The text comes from clients, so the reader is built for hostile input: it runs in time
+//! linear in the text (line numbers are counted only when an error is reported), and nesting
+//! (parentheses, and repetition operators piled on one item) is refused beyond [`MAX_DEPTH`]
+//! levels instead of recursing until the thread's stack overflows.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -18,18 +23,28 @@ pub struct GbnfError {
     pub message: String,
 }
 
+/// How deeply expressions may nest: parentheses, and each `*`, `+`, `?` or `{m,n}` applied to
+/// an item, count one level each. Each level is one level of the Lark text, which has at most
+/// two more (the rule, a literal's group), and llguidance's Lark reader refuses 30: so deeper
+/// grammars are refused here, with this reader's message. Hand-written grammars and
+/// llama.cpp's JSON-schema converter stay within a dozen. The limit also keeps this reader's
+/// recursion far from the end of a thread's stack (30000 nested parentheses overflowed it).
+pub const MAX_DEPTH: usize = 25;
+
 /// The Lark text of GBNF grammar `src`, whose start rule is `root`.
 pub fn to_lark(src: &str) -> Result<String, GbnfError> {
     let mut p = Parser {
         src: src.chars().collect(),
         pos: 0,
+        depth: 0,
         referenced: Vec::new(),
     };
     let mut rules: Vec<(String, String)> = Vec::new();
+    // Rule name -> the position where it is defined.
     let mut defined: HashMap<String, usize> = HashMap::new();
     p.skip(true);
     while !p.at_end() {
-        let line = p.line();
+        let start = p.pos;
         let name = p.name().ok_or_else(|| p.error("expected a rule name"))?;
         p.skip(false);
         if !p.eat_str("::=") {
@@ -37,9 +52,9 @@ pub fn to_lark(src: &str) -> Result<String, GbnfError> {
         }
         p.skip(true);
         let body = p.alternates(false)?;
-        if defined.insert(name.clone(), line).is_some() {
+        if defined.insert(name.clone(), start).is_some() {
             return Err(GbnfError {
-                line,
+                line: p.line_at(start),
                 message: format!("rule `{name}` is defined twice"),
             });
         }
@@ -56,9 +71,9 @@ pub fn to_lark(src: &str) -> Result<String, GbnfError> {
             message: "the grammar has no `root` rule (the rule output starts from)".into(),
         });
     }
-    if let Some((name, line)) = p.referenced.iter().find(|(n, _)| !defined.contains_key(n)) {
+    if let Some((name, at)) = p.referenced.iter().find(|(n, _)| !defined.contains_key(n)) {
         return Err(GbnfError {
-            line: *line,
+            line: p.line_at(*at),
             message: format!("rule `{name}` is used but never defined"),
         });
     }
@@ -86,7 +101,9 @@ fn rule_name(gbnf: &str) -> String {
 struct Parser {
     src: Vec<char>,
     pos: usize,
-    /// Rules referenced, with the line of their first use.
+    /// Nesting of the expression being read (see [`MAX_DEPTH`]).
+    depth: usize,
+    /// Rules referenced, with the position of each use.
     referenced: Vec<(String, usize)>,
 }
 
@@ -99,16 +116,29 @@ impl Parser {
         self.src.get(self.pos).copied()
     }
 
-    fn line(&self) -> usize {
-        1 + self.src[..self.pos.min(self.src.len())]
+    /// The line of position `pos`, counted from the start: only for error messages, so that
+    /// reading stays linear in the text.
+    fn line_at(&self, pos: usize) -> usize {
+        1 + self.src[..pos.min(self.src.len())]
             .iter()
             .filter(|&&c| c == '\n')
             .count()
     }
 
+    /// One level deeper, or the error naming [`MAX_DEPTH`].
+    fn descend(&mut self) -> Result<(), GbnfError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(self.error(&format!(
+                "the grammar nests deeper than {MAX_DEPTH} levels (parentheses and repetition operators); give inner parts names of their own as rules"
+            )));
+        }
+        Ok(())
+    }
+
     fn error(&self, message: &str) -> GbnfError {
         GbnfError {
-            line: self.line(),
+            line: self.line_at(self.pos),
             message: match self.peek() {
                 Some(c) => format!("{message}, found {c:?}"),
                 None => format!("{message}, found the end of the grammar"),
@@ -217,6 +247,7 @@ impl Parser {
                     class(negated, &ranges)
                 }
                 '(' => {
+                    self.descend()?;
                     self.pos += 1;
                     self.skip(true);
                     let inner = self.alternates(true)?;
@@ -224,6 +255,7 @@ impl Parser {
                     if !self.eat(')') {
                         return Err(self.error("expected `)`"));
                     }
+                    self.depth -= 1;
                     format!("({inner})")
                 }
                 '.' => {
@@ -237,7 +269,6 @@ impl Parser {
                 }
                 c if c.is_ascii_alphanumeric() || c == '-' || c == '_' => {
                     let save = self.pos;
-                    let line = self.line();
                     let name = self.name().unwrap_or_default();
                     // A name followed by `::=` starts the next rule (rules may follow each
                     // other without a blank line only when the sequence ended at a new line,
@@ -249,7 +280,7 @@ impl Parser {
                         return Err(self.error("a new rule must start on its own line"));
                     }
                     self.pos = after;
-                    self.referenced.push((name.clone(), line));
+                    self.referenced.push((name.clone(), save));
                     rule_name(&name)
                 }
                 _ => break,
@@ -263,9 +294,21 @@ impl Parser {
         })
     }
 
-    /// `*`, `+`, `?` and `{m}`, `{m,}`, `{m,n}` after an item.
-    fn postfix(&mut self, mut item: String) -> Result<String, GbnfError> {
+    /// `*`, `+`, `?` and `{m}`, `{m,}`, `{m,n}` after an item. Each wraps the item once more,
+    /// so each counts as a level of nesting (`"a"****...` would otherwise copy an ever longer
+    /// item once per operator: quadratic time, and a Lark text nested as deep).
+    fn postfix(&mut self, item: String) -> Result<String, GbnfError> {
+        let depth = self.depth;
+        let item = self.postfix_ops(item);
+        self.depth = depth;
+        item
+    }
+
+    fn postfix_ops(&mut self, mut item: String) -> Result<String, GbnfError> {
         loop {
+            if matches!(self.peek(), Some('*' | '+' | '?' | '{')) {
+                self.descend()?;
+            }
             match self.peek() {
                 Some(op @ ('*' | '+' | '?')) => {
                     self.pos += 1;
@@ -396,4 +439,93 @@ fn class(negated: bool, ranges: &[(char, char)]) -> String {
         };
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// 30000 nested parentheses overflowed the request thread's stack and aborted the process
+    /// (issue 42); now they are an error that names the limit.
+    #[test]
+    fn deep_nesting_is_refused_not_recursed() {
+        let n = 30_000;
+        let src = format!("root ::= {}\"a\"{}\n", "(".repeat(n), ")".repeat(n));
+        let e = to_lark(&src).unwrap_err();
+        assert!(
+            e.message
+                .contains(&format!("deeper than {MAX_DEPTH} levels")),
+            "{e}"
+        );
+        assert_eq!(e.line, 1);
+        // Just within the limit is fine.
+        let src = format!(
+            "root ::= {}\"a\"{}\n",
+            "(".repeat(MAX_DEPTH),
+            ")".repeat(MAX_DEPTH)
+        );
+        to_lark(&src).unwrap();
+        let src = format!(
+            "root ::= {}\"a\"{}\n",
+            "(".repeat(MAX_DEPTH + 1),
+            ")".repeat(MAX_DEPTH + 1)
+        );
+        assert!(to_lark(&src).is_err());
+    }
+
+    /// Repetition operators piled on one item nest too: each wraps the item once more.
+    #[test]
+    fn piled_repetitions_count_as_nesting() {
+        let src = format!("root ::= \"a\"{}\n", "*".repeat(30_000));
+        let e = to_lark(&src).unwrap_err();
+        assert!(e.message.contains("deeper than"), "{e}");
+        let src = format!("root ::= \"a\"{}\n", "?{1,2}".repeat(MAX_DEPTH / 2));
+        to_lark(&src).unwrap();
+        // Operators on items side by side do not add up.
+        let src = format!("root ::= {}\n", "\"a\"* ".repeat(10 * MAX_DEPTH));
+        to_lark(&src).unwrap();
+        // Nor do parentheses closed before the next ones open.
+        let src = format!("root ::= {}\n", "(\"a\")+ ".repeat(10 * MAX_DEPTH));
+        to_lark(&src).unwrap();
+    }
+
+    /// Reading is linear: 900k rule references (1.8 MB) took over 120 s when every reference
+    /// counted the lines before it.
+    #[test]
+    fn a_two_megabyte_grammar_of_references_reads_in_linear_time() {
+        let refs = 1_000_000;
+        let src = format!("root ::= {}\nx ::= \"a\"\n", "x ".repeat(refs));
+        assert!(src.len() >= 2_000_000);
+        let started = Instant::now();
+        let lark = to_lark(&src).unwrap();
+        let took = started.elapsed();
+        assert!(lark.contains("g_x: \"a\""));
+        // Well under this in a release build (~0.2 s); the quadratic reader never finished.
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        // The same many references, each on its own line, still report the right line.
+        let src = format!(
+            "root ::= ( x{}\n y )\nx ::= \"a\"\n",
+            "\n x".repeat(refs / 2)
+        );
+        let started = Instant::now();
+        let e = to_lark(&src).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert_eq!(e.line, refs / 2 + 2, "{e}");
+        assert!(e.message.contains("`y` is used but never defined"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_line_of_their_cause() {
+        let e = to_lark("root ::= a\n\na ::= \"x\"\n# c\na ::= \"y\"\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.message.as_str()),
+            (5, "rule `a` is defined twice")
+        );
+        let e = to_lark("root ::= a\n\na ::= b\n").unwrap_err();
+        assert_eq!(e.line, 3);
+        let e = to_lark("root ::= \"a\"\nb ::= (\"x\"\n").unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+    }
 }

@@ -9,6 +9,7 @@
 //! dialect ([`gbnf`]), and keep one compiled vocabulary per tokenizer ([`factory`]).
 
 mod factory;
+pub use factory::GRAMMAR_STATE_BYTES;
 pub mod gbnf;
 mod vocab;
 
@@ -98,8 +99,9 @@ impl Constraint {
     /// Compiles `spec` for `tokenizer`'s vocabulary. Unsupported schema keywords and grammar
     /// errors are refused here, before anything is generated.
     pub fn new(tokenizer: &Tokenizer, spec: &Spec) -> Result<Constraint, GrammarError> {
-        let factory = factory::for_tokenizer(tokenizer)?;
+        // The grammar's text first: a malformed one is refused before the vocabulary is built.
         let lark = spec.to_lark()?;
+        let factory = factory::for_tokenizer(tokenizer)?;
         let parser = factory
             .create_parser(TopLevelGrammar::from_lark(lark))
             .map_err(|e| GrammarError(explain(&e.to_string())))?;
@@ -134,6 +136,30 @@ impl Constraint {
     pub fn is_complete(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
     }
+}
+
+/// Compiles `spec` for a vocabulary of the 256 single bytes, with the server's limits: whether
+/// llguidance accepts it, without a model (for the fuzz target `gbnf_parse`).
+pub fn compile_for_bytes(spec: &Spec) -> Result<(), GrammarError> {
+    thread_local! {
+        static FACTORY: Result<llguidance::ParserFactory, String> = {
+            llguidance::ParserFactory::new(&vocab::byte_tok_env(), Default::default(), &[])
+                .map(|mut f| {
+                    f.set_stderr_log_level(0);
+                    *f.limits_mut() = factory::limits();
+                    f
+                })
+                .map_err(|e| e.to_string())
+        };
+    }
+    let lark = spec.to_lark()?;
+    FACTORY.with(|factory| {
+        let factory = factory.as_ref().map_err(|e| GrammarError(e.clone()))?;
+        factory
+            .create_parser(TopLevelGrammar::from_lark(lark))
+            .map(drop)
+            .map_err(|e| GrammarError(explain(&e.to_string())))
+    })
 }
 
 /// llguidance's message, with the fix for the one a client most often meets.

@@ -139,3 +139,46 @@ fn rule_names_stay_distinct() {
     assert!(lark.contains("g_a_2db: \"x\""), "{lark}");
     assert!(lark.contains("g__41: \"y\""), "{lark}");
 }
+
+/// A grammar nested as deeply as the GBNF reader allows still compiles in llguidance (whose Lark
+/// reader has a nesting limit of its own), and one level more is refused by the GBNF reader
+/// with its own message.
+#[test]
+fn gbnf_at_the_depth_limit_compiles() {
+    let tok = tokenizer();
+    let d = gbnf::MAX_DEPTH;
+    // The deepest item is a repeated multi-character literal: the Lark text's deepest point.
+    let src = format!(
+        "root ::= {}\"ab\"*{}\n",
+        "(".repeat(d - 1),
+        ")".repeat(d - 1)
+    );
+    Constraint::new(&tok, &Spec::Gbnf(src)).unwrap();
+    let src = format!("root ::= {}\"ab\"*{}\n", "(".repeat(d), ")".repeat(d));
+    let e = Constraint::new(&tok, &Spec::Gbnf(src)).unwrap_err();
+    assert!(e.0.contains(&format!("deeper than {d} levels")), "{e}");
+}
+
+/// A JSON schema nested as deeply as a request body can carry (serde_json reads 128 levels)
+/// compiles or is refused, without overflowing the stack of a thread the size of tokio's
+/// blocking threads.
+#[test]
+fn deeply_nested_json_schemas_do_not_overflow_the_stack() {
+    let tok = tokenizer();
+    let mut schema = serde_json::json!({"type": "integer"});
+    // 63 levels of {"properties": {"a": ...}}: 127 levels of JSON, the most a schema can have.
+    for _ in 0..63 {
+        schema =
+            serde_json::json!({"type": "object", "properties": {"a": schema}, "required": ["a"]});
+    }
+    let spec = Spec::JsonSchema(schema);
+    let result = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || Constraint::new(&tok, &spec).map(|_| ()))
+        .unwrap()
+        .join()
+        .expect("the compile must not overflow a 2 MiB stack");
+    if let Err(e) = result {
+        assert!(e.0.contains("grammar"), "{e}");
+    }
+}

@@ -50,3 +50,19 @@ pub fn tok_env(tokenizer: &Tokenizer) -> TokEnv {
     }
     Arc::new(ApproximateTokEnv::new(trie))
 }
+
+/// A tokenizer environment of the 256 single bytes and one end token: for checking grammars
+/// where there is no model (the fuzz target `gbnf_parse`).
+pub fn byte_tok_env() -> TokEnv {
+    let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    words.push([&[TokTrie::SPECIAL_TOKEN_MARKER][..], b"<eos>"].concat());
+    let info = TokRxInfo {
+        vocab_size: words.len() as u32,
+        tok_eos: 256,
+        tok_bos: None,
+        tok_pad: None,
+        tok_unk: None,
+        tok_end_of_turn: None,
+    };
+    Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)))
+}

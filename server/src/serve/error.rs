@@ -17,6 +17,18 @@ pub enum ApiError {
     },
     #[error("the request body is larger than the limit of {limit} bytes; send a shorter prompt or raise --body-limit")]
     TooLarge { limit: usize },
+    /// A field over its size limit (`--max-grammar-bytes`, `--max-tokenize-bytes`).
+    #[error("{what} is {bytes} bytes, over the limit of {limit} bytes; send less or raise {flag}")]
+    FieldTooLarge {
+        param: &'static str,
+        /// The value, in words (`the response_format schema`).
+        what: &'static str,
+        bytes: usize,
+        limit: usize,
+        flag: &'static str,
+    },
+    #[error("the request body's Content-Type is {given}; send JSON with `-H 'Content-Type: application/json'`")]
+    UnsupportedMediaType { given: String },
     #[error("missing or invalid API key: send `Authorization: Bearer <key>` with a key from the server's --api-key-file")]
     Unauthorized,
     #[error("no route for {method} {path}; see GET /openapi.json for the API")]
@@ -33,6 +45,12 @@ pub enum ApiError {
     Loading,
     #[error("the server is busy: every slot is generating and the queue of {queue} requests is full; retry after {retry_after} s")]
     Overloaded { queue: usize, retry_after: u64 },
+    #[error("the server is busy: {compiles} grammar compile(s) already running and none finished within {waited} s (--grammar-compiles, --grammar-timeout); retry after {retry_after} s")]
+    CompilesBusy {
+        compiles: u32,
+        waited: u64,
+        retry_after: u64,
+    },
     #[error("the request did not finish within the server's time limit of {secs} s; ask for fewer tokens (max_tokens) or raise --request-timeout")]
     Timeout { secs: u64 },
     #[error(
@@ -65,16 +83,20 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge { .. } | ApiError::FieldTooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::BadHost { .. } => StatusCode::FORBIDDEN,
             ApiError::EngineStuck { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Loading | ApiError::Overloaded { .. } | ApiError::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Loading
+            | ApiError::Overloaded { .. }
+            | ApiError::CompilesBusy { .. }
+            | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -85,15 +107,18 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. }
             | ApiError::TooLarge { .. }
+            | ApiError::FieldTooLarge { .. }
+            | ApiError::UnsupportedMediaType { .. }
             | ApiError::NotFound { .. }
             | ApiError::BodyTimeout { .. }
             | ApiError::BadHost { .. } => "invalid_request_error",
             ApiError::RateLimited { .. } => "rate_limit_error",
             ApiError::EngineStuck { .. } => "server_error",
             ApiError::Unauthorized => "authentication_error",
-            ApiError::Loading | ApiError::Overloaded { .. } | ApiError::ShuttingDown => {
-                "unavailable_error"
-            }
+            ApiError::Loading
+            | ApiError::Overloaded { .. }
+            | ApiError::CompilesBusy { .. }
+            | ApiError::ShuttingDown => "unavailable_error",
             ApiError::Timeout { .. } => "timeout_error",
             ApiError::Internal(_) => "server_error",
         }
@@ -103,8 +128,11 @@ impl ApiError {
     fn code(&self) -> Option<&'static str> {
         match self {
             ApiError::Unauthorized => Some("invalid_api_key"),
-            ApiError::TooLarge { .. } => Some("request_too_large"),
-            ApiError::Overloaded { .. } => Some("server_overloaded"),
+            ApiError::TooLarge { .. } | ApiError::FieldTooLarge { .. } => Some("request_too_large"),
+            ApiError::UnsupportedMediaType { .. } => Some("unsupported_media_type"),
+            ApiError::Overloaded { .. } | ApiError::CompilesBusy { .. } => {
+                Some("server_overloaded")
+            }
             ApiError::Loading => Some("model_loading"),
             ApiError::RateLimited { .. } => Some("rate_limit_exceeded"),
             _ => None,
@@ -123,6 +151,7 @@ impl ApiError {
                 kind: self.kind(),
                 param: match self {
                     ApiError::BadRequest { param, .. } => *param,
+                    ApiError::FieldTooLarge { param, .. } => Some(*param),
                     _ => None,
                 },
                 code: self.code(),
@@ -154,6 +183,7 @@ impl IntoResponse for ApiError {
         let headers = response.headers_mut();
         match &self {
             ApiError::Overloaded { retry_after, .. }
+            | ApiError::CompilesBusy { retry_after, .. }
             | ApiError::RateLimited { retry_after, .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
             }

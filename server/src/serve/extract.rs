@@ -6,14 +6,17 @@
 //! bytes), and nesting is bounded by serde_json's recursion limit (128 levels), an error not a
 //! stack overflow. The whole body must arrive within `--body-timeout`.
 //!
-//! axum's `Json` answers 415 without `Content-Type: application/json` (which `curl -d` does not
-//! send) and 422 for well-formed JSON of the wrong shape; clients of an OpenAI API expect 400
-//! with the parser's message either way.
+//! The body must be declared JSON (`Content-Type: application/json`, or any `*/*+json`): a web
+//! page can make a browser send a "simple" cross-site POST (`text/plain`, a form) without asking
+//! the server first, and with keys off that would be enough to generate from any page the
+//! user visits. Without it the answer is 415 naming the header to add (`curl -d` alone does not
+//! send it). Well-formed JSON of the wrong shape is a 400 with the parser's message (axum's
+//! `Json` says 422; clients of an OpenAI API expect 400).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
@@ -26,6 +29,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        json_content_type(req.headers())?;
         let (limit, timeout) = (state.http().body_limit, state.http().body_timeout);
         let bytes = tokio::time::timeout(timeout, Bytes::from_request(req, state))
             .await
@@ -33,12 +37,42 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
                 secs: timeout.as_secs(),
             })?
             .map_err(|e| bytes_rejection(e, limit))?;
-        let mut de = serde_json::Deserializer::from_slice(&bytes);
-        let value = serde_path_to_error::deserialize(&mut de).map_err(invalid_body)?;
-        de.end()
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
-        Ok(JsonBody(value))
+        parse_body(&bytes).map(JsonBody)
     }
+}
+
+/// The request body `bytes` read as `T`, exactly as [`JsonBody`] reads it (public for the
+/// fuzz target `request_body`).
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(invalid_body)?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    Ok(value)
+}
+
+/// 415 unless the body is declared JSON: `application/json` or a `+json` type, any parameters.
+fn json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Err(ApiError::UnsupportedMediaType {
+            given: "missing".into(),
+        });
+    };
+    let text = value.to_str().unwrap_or_default();
+    let essence = text.split(';').next().unwrap_or_default().trim();
+    let json = essence.split_once('/').is_some_and(|(kind, sub)| {
+        let sub = sub.to_ascii_lowercase();
+        let application_json = kind.eq_ignore_ascii_case("application") && sub == "json";
+        !kind.is_empty() && (application_json || sub.ends_with("+json"))
+    });
+    if json {
+        return Ok(());
+    }
+    // Quoted and cut short: the header is the client's text, not ours to echo at length.
+    let shown: String = text.chars().take(80).collect();
+    Err(ApiError::UnsupportedMediaType {
+        given: format!("{shown:?}"),
+    })
 }
 
 /// The parser's message, prefixed with the field it is about (`messages[0].content: ...`).
@@ -71,5 +105,48 @@ fn bytes_rejection(e: BytesRejection, limit: usize) -> ApiError {
         ApiError::TooLarge { limit }
     } else {
         ApiError::bad_request(format!("could not read the request body: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn only_json_content_types_are_read() {
+        let check = |ct: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(ct) = ct {
+                h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
+            }
+            json_content_type(&h)
+        };
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON",
+            "application/vnd.api+json",
+            "application/merge-patch+json;q=1",
+        ] {
+            check(Some(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            None,
+            Some("text/plain"),
+            Some("application/x-www-form-urlencoded"),
+            Some("multipart/form-data; boundary=x"),
+            Some("text/json"),
+            Some("application/jsonp"),
+            Some("json"),
+        ] {
+            let e = check(bad).unwrap_err();
+            assert_eq!(e.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE, "{bad:?}");
+            assert!(
+                e.to_string()
+                    .contains("-H 'Content-Type: application/json'"),
+                "{e}"
+            );
+        }
     }
 }

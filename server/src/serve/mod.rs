@@ -7,8 +7,9 @@
 
 pub mod auth;
 pub mod error;
-mod extract;
+pub mod extract;
 mod hosts;
+pub mod input;
 pub mod limit;
 pub mod listener;
 pub mod metrics;
@@ -73,6 +74,8 @@ pub struct HttpConfig {
     /// How long the decode thread may work without a heartbeat before it counts as stuck
     /// (`/health` 503, no more watchdog pings).
     pub engine_stall: Duration,
+    /// What one request may ask of the server (grammar and text sizes, compiles).
+    pub input: input::InputLimits,
 }
 
 impl Default for HttpConfig {
@@ -90,6 +93,7 @@ impl Default for HttpConfig {
             cors_origins: Vec::new(),
             rate: limit::RateConfig::default(),
             engine_stall: Duration::from_secs(60),
+            input: input::InputLimits::default(),
         }
     }
 }

@@ -171,11 +171,63 @@ impl Tokenizer {
     /// (llama.cpp's `add_special`). `parse_special`: CONTROL tokens written as text (e.g.
     /// `<start_of_turn>`) become their ids; USER_DEFINED tokens are matched either way.
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_fragments(text, add_bos, parse_special, false)
+    }
+
+    /// `text` to be placed inside a prompt that [`Tokenizer::encode_marked`] reads, so that
+    /// control-token texts in it (`<end_of_turn>` in a user's message) stay plain text while
+    /// the rest of the prompt (a chat template's markup) is read for control tokens.
+    ///
+    /// Each occurrence of a control token's text gets [`PLAIN_MARK`] after its first character,
+    /// so no control token can be matched there; a mark already in `text` is doubled, so that
+    /// it comes out as itself. Text with neither is returned as is: templates that look at
+    /// contents (`| trim`, `.startswith(...)`) see them unchanged.
+    pub fn mark_plain<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let starts = self.specials.control_starts(&self.vocab, text);
+        if starts.is_empty() && !text.contains(PLAIN_MARK) {
+            return Cow::Borrowed(text);
+        }
+        let mut out = String::with_capacity(text.len() + 3 * (starts.len() + 1));
+        let mut starts = starts.into_iter().peekable();
+        for (at, c) in text.char_indices() {
+            out.push(c);
+            if c == PLAIN_MARK {
+                out.push(PLAIN_MARK);
+            }
+            if starts.next_if_eq(&at).is_some() {
+                out.push(PLAIN_MARK);
+            }
+        }
+        Cow::Owned(out)
+    }
+
+    /// Tokenizes a prompt whose client-written parts went through [`Tokenizer::mark_plain`]:
+    /// control tokens are read out of the text (`parse_special`) except where marked, and the
+    /// marks are removed before the text is tokenized.
+    pub fn encode_marked(&self, text: &str, add_bos: bool) -> Vec<u32> {
+        self.encode_fragments(text, add_bos, true, true)
+    }
+
+    fn encode_fragments(
+        &self,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+        marked: bool,
+    ) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos && self.add_bos {
             out.extend(self.bos);
         }
         let fragments = self.specials.partition(&self.vocab, text, parse_special);
+        let text_of = |range: std::ops::Range<usize>| -> Cow<'_, str> {
+            let fragment = text.get(range).unwrap_or_default();
+            if marked {
+                unmark(fragment)
+            } else {
+                Cow::Borrowed(fragment)
+            }
+        };
         match &self.model {
             Model::Spm(spm) => {
                 let mut scratch = spm::Scratch::default();
@@ -183,10 +235,10 @@ impl Tokenizer {
                 for fragment in fragments {
                     match fragment {
                         Fragment::Text(range) => {
-                            let fragment = text.get(range).unwrap_or_default();
+                            let fragment = text_of(range);
                             spm.encode(
                                 &self.vocab,
-                                fragment,
+                                &fragment,
                                 after_special,
                                 &mut scratch,
                                 &mut out,
@@ -205,8 +257,8 @@ impl Tokenizer {
                 for fragment in fragments {
                     match fragment {
                         Fragment::Text(range) => {
-                            let fragment = text.get(range).unwrap_or_default();
-                            bpe.encode(&self.vocab, fragment, &mut scratch, &mut out);
+                            let fragment = text_of(range);
+                            bpe.encode(&self.vocab, &fragment, &mut scratch, &mut out);
                         }
                         Fragment::Token(id) => out.push(id),
                     }
@@ -274,6 +326,28 @@ impl Tokenizer {
             Cow::Owned(s) => s,
         }
     }
+}
+
+/// The mark of [`Tokenizer::mark_plain`]: a noncharacter, which Unicode reserves for a
+/// program's internal use, so no real text is changed by it (one that has it gets it doubled).
+pub const PLAIN_MARK: char = '\u{FDD0}';
+
+/// `text` with the marks of [`Tokenizer::mark_plain`] removed: a doubled mark is one mark of
+/// the original text, a single one is dropped.
+fn unmark(text: &str) -> Cow<'_, str> {
+    if !text.contains(PLAIN_MARK) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != PLAIN_MARK {
+            out.push(c);
+        } else if chars.next_if_eq(&PLAIN_MARK).is_some() {
+            out.push(PLAIN_MARK);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// The piece of every token, as llama.cpp's `token_to_piece` with `special = true`.

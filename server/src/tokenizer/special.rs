@@ -132,6 +132,23 @@ impl SpecialTokens {
         }
     }
 
+    /// Byte offsets in `text` where the text of a token that is split out only with
+    /// `parse_special` (CONTROL, UNKNOWN) starts.
+    pub fn control_starts(&self, vocab: &Vocab, text: &str) -> Vec<usize> {
+        let bytes = text.as_bytes();
+        let mut starts = Vec::new();
+        for start in 0..bytes.len() {
+            let mut found = false;
+            self.trie.matches_at(&bytes[start..], |id| {
+                found |= vocab.attr(id).has(ONLY_WITH_PARSE_SPECIAL);
+            });
+            if found {
+                starts.push(start);
+            }
+        }
+        starts
+    }
+
     /// Splits `text` into raw-text fragments and special tokens, exactly as llama.cpp does.
     pub fn partition(&self, vocab: &Vocab, text: &str, parse_special: bool) -> Vec<Fragment> {
         let bytes = text.as_bytes();

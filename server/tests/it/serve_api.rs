@@ -226,7 +226,8 @@ fn tokenize_detokenize_models_health_metrics() {
 #[test]
 fn bad_requests_get_400_with_the_cause() {
     let s = app(AppConfig::default());
-    let raw = |body: &str| s.request("POST", "/v1/chat/completions", &[], body.as_bytes());
+    let json = [("Content-Type", "application/json")];
+    let raw = |body: &str| s.request("POST", "/v1/chat/completions", &json, body.as_bytes());
 
     let r = raw(r#"{"messages": [}"#);
     assert_eq!(r.status, 400);
@@ -312,21 +313,32 @@ fn api_keys() {
         })
     };
     let s = with_keys(false);
-    let r = s.request("POST", "/v1/completions", &[], body);
+    let r = s.request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        body,
+    );
     assert_eq!(r.status, 401);
     assert_eq!(r.header("www-authenticate"), Some("Bearer"));
     assert_eq!(r.json()["error"]["code"], "invalid_api_key");
     let r = s.request(
         "POST",
         "/v1/completions",
-        &[("Authorization", "Bearer sk-wrong")],
+        &[
+            ("Authorization", "Bearer sk-wrong"),
+            ("Content-Type", "application/json"),
+        ],
         body,
     );
     assert_eq!(r.status, 401);
     let r = s.request(
         "POST",
         "/v1/completions",
-        &[("Authorization", "Bearer sk-two")],
+        &[
+            ("Authorization", "Bearer sk-two"),
+            ("Content-Type", "application/json"),
+        ],
         body,
     );
     assert_eq!(r.status, 200);
@@ -387,7 +399,12 @@ fn full_queue_gets_503_with_retry_after() {
     });
     let holder = hold_slot_in_process(&s);
     let body = json!({"prompt": "b", "max_tokens": 2});
-    let queued = s.spawn_request("POST", "/v1/completions", &[], body.to_string().as_bytes());
+    let queued = s.spawn_request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
     wait_for("second request queued", Duration::from_secs(10), || {
         s.metric("llm_queue_depth") == 1.0
     });
@@ -476,7 +493,7 @@ fn stream_from_first_token(s: &Server, max_tokens: u32) -> BufReader<TcpStream> 
         &mut stream,
         "POST",
         "/v1/completions",
-        &[],
+        &[("Content-Type", "application/json")],
         body.to_string().as_bytes(),
     )
     .unwrap();
@@ -511,7 +528,7 @@ fn disconnecting_client_frees_its_slot_within_a_second() {
         &mut waiting,
         "POST",
         "/v1/completions",
-        &[],
+        &[("Content-Type", "application/json")],
         body.to_string().as_bytes(),
     )
     .unwrap();

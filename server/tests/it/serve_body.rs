@@ -82,7 +82,7 @@ fn deep_and_wide_bodies_are_refused_without_memory_jumping() {
     let r = s.request(
         "POST",
         "/v1/completions",
-        &[],
+        &[("Content-Type", "application/json")],
         br#"{"prompt":"a","max_tokens":1}"#,
     );
     assert_eq!(r.status, 200);

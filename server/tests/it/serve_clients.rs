@@ -68,12 +68,18 @@ fn openai_python_sdk() {
     assert_eq!(v["n2_error"]["status"], 400);
 }
 
-/// curl sends `-d` bodies as form data, with no JSON content type: the server must not care.
+/// curl sends `-d` bodies as form data unless told the type: the server answers 415 without
+/// `Content-Type: application/json` (a cross-site form could otherwise post), so it is given.
 fn curl(addr: SocketAddr, path: &str, body: Option<&Value>, extra: &[&str]) -> String {
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "--fail-with-body", "-N"]).args(extra);
     if let Some(body) = body {
-        cmd.args(["-d", &body.to_string()]);
+        cmd.args([
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body.to_string(),
+        ]);
     }
     let out = cmd
         .arg(format!("http://{addr}{path}"))

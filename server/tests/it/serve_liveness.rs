@@ -57,7 +57,7 @@ fn send_completion(s: &Server) {
             addr,
             "POST",
             "/v1/completions",
-            &[],
+            &[("Content-Type", "application/json")],
             br#"{"prompt": "Hello", "max_tokens": 8}"#,
         );
     });
@@ -88,7 +88,7 @@ fn stalled_engine_fails_health_and_stops_the_watchdog() {
     let r = s.request(
         "POST",
         "/v1/completions",
-        &[],
+        &[("Content-Type", "application/json")],
         br#"{"prompt": "Hi", "max_tokens": 4}"#,
     );
     assert_eq!(r.status, 200, "{}", r.body);

@@ -90,7 +90,7 @@ fn run_load(s: &Server, clients: usize, target: usize) -> Load {
                         addr,
                         "POST",
                         "/v1/completions",
-                        &[],
+                        &[("Content-Type", "application/json")],
                         body.to_string().as_bytes(),
                     )
                     .expect("the server dropped a connection");

@@ -41,8 +41,11 @@ impl Drop for KeyFile {
 }
 
 fn with_auth(s: &impl Requests, auth: &str) -> u16 {
-    s.request("POST", "/v1/completions", &[("Authorization", auth)], BODY)
-        .status
+    let headers = [
+        ("Authorization", auth),
+        ("Content-Type", "application/json"),
+    ];
+    s.request("POST", "/v1/completions", &headers, BODY).status
 }
 
 #[test]
@@ -55,7 +58,12 @@ fn keys_refused_unless_exact_scheme_case_free() {
         },
         ..AppConfig::default()
     });
-    let r = s.request("POST", "/v1/completions", &[], BODY);
+    let r = s.request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        BODY,
+    );
     assert_eq!(r.status, 401);
     assert_eq!(r.header("www-authenticate"), Some("Bearer"));
     // Same length, one character off; shorter; longer; a prefix of the key; empty.

@@ -6,12 +6,14 @@ use std::marker::PhantomData;
 
 use serde::de::{self, DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 
 use crate::engine::chat_template::{ToolSyntax, Turn};
 use crate::engine::Generation;
 use crate::grammar::Spec;
 use crate::sampler::SamplerParams;
 use crate::serve::error::ApiError;
+use crate::serve::input::{InputArgs, MAX_STOP_BYTES};
 use crate::serve::openai::tools::{ToolChoice, ToolRequest};
 
 pub use super::one_or_list::{Prompt, PromptInput, Stop};
@@ -56,12 +58,14 @@ pub struct Delivery {
 }
 
 impl ChatRequest {
-    pub fn check(mut self) -> Result<Checked<Vec<Turn>>, ApiError> {
+    /// The request's values checked, within `limits`.
+    pub fn check(mut self, limits: &InputArgs) -> Result<Checked<Vec<Turn>>, ApiError> {
         let tools = tool_request(
             self.generation.tools.take(),
             self.generation.tool_choice.take(),
+            limits,
         )?;
-        let (generation, delivery, constraint) = self.generation.check()?;
+        let (generation, delivery, constraint) = self.generation.check(limits)?;
         if tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) && constraint.is_some() {
             return Err(ApiError::bad_param(
                 "tool_choice",
@@ -73,6 +77,20 @@ impl ChatRequest {
                 "messages",
                 "messages is empty: send at least one message",
             ));
+        }
+        // Calls' arguments are read into trees for the template: as big as a tool list may be.
+        let arguments = self
+            .messages
+            .iter()
+            .flat_map(|m| m.tool_calls.iter().flatten())
+            .map(|c| c.function.arguments.len())
+            .max();
+        if let Some(bytes) = arguments {
+            limits.check_grammar_size(
+                "messages",
+                "a tool call's `arguments` in `messages`",
+                bytes,
+            )?;
         }
         let turns = self
             .messages
@@ -97,14 +115,15 @@ impl ChatRequest {
 }
 
 impl CompletionRequest {
-    pub fn check(self) -> Result<Checked<PromptInput>, ApiError> {
+    /// The request's values checked, within `limits`.
+    pub fn check(self, limits: &InputArgs) -> Result<Checked<PromptInput>, ApiError> {
         if self.generation.tools.is_some() {
             return Err(ApiError::bad_param(
                 "tools",
                 "tools are for /v1/chat/completions; completions continue text",
             ));
         }
-        let (generation, delivery, constraint) = self.generation.check()?;
+        let (generation, delivery, constraint) = self.generation.check(limits)?;
         Ok(Checked {
             input: self.prompt.into_input()?,
             generation,
@@ -269,8 +288,9 @@ generation_request! {
     logprobs: Option<LogprobsParam>,
     /// Chat: alternatives per token, with `logprobs: true`.
     top_logprobs: Option<u32>,
-    /// Chat: OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`.
-    tools: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    /// Chat: OpenAI's `[{"type": "function", "function": {name, description, parameters}}]`,
+    /// kept as JSON text until its size is checked (`--max-grammar-bytes`).
+    tools: Option<Vec<RawObject>>,
     /// Chat: "auto", "none", "required" or `{"type": "function", "function": {"name": ...}}`.
     tool_choice: Option<ToolChoiceParam>,
     /// llama-server's extension: `false` evaluates the whole prompt instead of reusing the
@@ -293,16 +313,43 @@ pub struct NamedFunction {
     pub name: String,
 }
 
-/// Checks `tools` (each a function with a name) and `tool_choice` against them.
+/// A JSON object kept as its text: a request's schemas and tools are read into trees only once
+/// their size is known to be within the limit (a 2 MiB body of `[{"a":0},...]` costs ~90 times
+/// its size as a tree).
+#[derive(Debug)]
+pub struct RawObject(Box<RawValue>);
+
+impl<'de> Deserialize<'de> for RawObject {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = Box::<RawValue>::deserialize(d)?;
+        if !raw.get().starts_with('{') {
+            return Err(de::Error::invalid_type(
+                de::Unexpected::Other(raw.get().get(..1).unwrap_or("nothing")),
+                &"a JSON object",
+            ));
+        }
+        Ok(RawObject(raw))
+    }
+}
+
+/// Checks `tools` (each a function with a name, all of them within --max-grammar-bytes) and
+/// `tool_choice` against them.
 fn tool_request(
-    tools: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    tools: Option<Vec<RawObject>>,
     choice: Option<ToolChoiceParam>,
+    limits: &InputArgs,
 ) -> Result<Option<ToolRequest>, ApiError> {
+    let tools = tools.unwrap_or_default();
+    // As the list's JSON text: the objects, the commas between them and the brackets.
+    let bytes = tools.iter().map(|t| t.0.get().len() + 1).sum::<usize>() + 1;
+    if !tools.is_empty() {
+        limits.check_grammar_size("tools", "`tools`", bytes)?;
+    }
     let tools: Vec<serde_json::Value> = tools
-        .unwrap_or_default()
-        .into_iter()
-        .map(serde_json::Value::Object)
-        .collect();
+        .iter()
+        .map(|t| serde_json::from_str(t.0.get()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ApiError::bad_param("tools", format!("tools: {e}")))?;
     for (i, tool) in tools.iter().enumerate() {
         let named = tool["function"]["name"]
             .as_str()
@@ -377,20 +424,44 @@ pub enum LogprobsParam {
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 /// OpenAI's `response_format`.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[derive(Debug)]
 pub enum ResponseFormat {
     Text,
     JsonObject,
     JsonSchema { json_schema: JsonSchemaFormat },
 }
 
+/// `response_format` as sent, read as a plain struct: an internally tagged enum would buffer
+/// the schema as a tree before [`RawValue`] could keep it as text.
+#[derive(Deserialize)]
+struct ResponseFormatFields {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    json_schema: Option<JsonSchemaFormat>,
+}
+
+impl<'de> Deserialize<'de> for ResponseFormat {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const KINDS: &[&str] = &["text", "json_object", "json_schema"];
+        let fields = ResponseFormatFields::deserialize(d)?;
+        match (fields.kind.as_str(), fields.json_schema) {
+            ("text", _) => Ok(ResponseFormat::Text),
+            ("json_object", _) => Ok(ResponseFormat::JsonObject),
+            ("json_schema", Some(json_schema)) => Ok(ResponseFormat::JsonSchema { json_schema }),
+            ("json_schema", None) => Err(de::Error::missing_field("json_schema")),
+            (other, _) => Err(de::Error::unknown_variant(other, KINDS)),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub struct JsonSchemaFormat {
     #[serde(default)]
     pub name: Option<String>,
+    /// Kept as JSON text until its size is checked (`--max-grammar-bytes`).
     #[serde(default)]
-    pub schema: Option<serde_json::Value>,
+    pub schema: Option<Box<RawValue>>,
     /// Accepted; the schema is always enforced, strict or not.
     #[serde(default)]
     pub strict: Option<bool>,
@@ -406,7 +477,10 @@ impl GenerationRequest {
     /// The engine's settings, the answer's delivery and the output's required form; refuses
     /// values out of range by name.
     #[allow(clippy::type_complexity)]
-    pub fn check(self) -> Result<(Generation, Delivery, Option<(&'static str, Spec)>), ApiError> {
+    pub fn check(
+        self,
+        limits: &InputArgs,
+    ) -> Result<(Generation, Delivery, Option<(&'static str, Spec)>), ApiError> {
         if let Some(n) = self.n.filter(|&n| n != 1) {
             return Err(ApiError::bad_param(
                 "n",
@@ -420,6 +494,13 @@ impl GenerationRequest {
         let presence = in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         let frequency = in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
         let repeat = in_range("repeat_penalty", self.repeat_penalty, 0.0, 10.0)?;
+        // Logits are divided by it: 0 would make them infinite (NaN once multiplied by 0).
+        if repeat.is_some_and(|r| r <= 0.0) {
+            return Err(ApiError::bad_param(
+                "repeat_penalty",
+                "repeat_penalty = 0 is out of range: it must be greater than 0 and at most 10 (1 turns it off)",
+            ));
+        }
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(0) => {
                 return Err(ApiError::bad_param(
@@ -430,13 +511,22 @@ impl GenerationRequest {
             other => other.map(|n| n as usize),
         };
         // At most MAX_STOPS: the reader of `stop` refuses more.
-        let stop = self
+        let stop: Vec<String> = self
             .stop
             .unwrap_or_default()
             .0
             .into_iter()
             .filter(|s| !s.is_empty())
             .collect();
+        if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::bad_param(
+                "stop",
+                format!(
+                    "a stop sequence of {} bytes was given; each may be at most {MAX_STOP_BYTES} bytes",
+                    long.len()
+                ),
+            ));
+        }
         let seed = match self.seed {
             Some(s) if s >= 0 => s as u64,
             _ => random_seed(),
@@ -466,7 +556,7 @@ impl GenerationRequest {
             logprobs: false,
             tools: None,
         };
-        let constraint = output_form(self.response_format, self.grammar)?;
+        let constraint = output_form(self.response_format, self.grammar, limits)?;
         let generation = Generation {
             logprobs: logprobs(self.logprobs, self.top_logprobs)?,
             ..generation
@@ -501,16 +591,30 @@ fn logprobs(logprobs: Option<LogprobsParam>, top: Option<u32>) -> Result<Option<
     Ok(Some(n as usize))
 }
 
-/// What `response_format` and `grammar` ask of the output (at most one of them).
+/// What `response_format` and `grammar` ask of the output (at most one of them), each within
+/// --max-grammar-bytes.
 fn output_form(
     format: Option<ResponseFormat>,
     grammar: Option<String>,
+    limits: &InputArgs,
 ) -> Result<Option<(&'static str, Spec)>, ApiError> {
+    if let Some(g) = &grammar {
+        limits.check_grammar_size("grammar", "`grammar`", g.len())?;
+    }
     let format = match format {
         None | Some(ResponseFormat::Text) => None,
         Some(ResponseFormat::JsonObject) => Some(Spec::JsonObject),
         Some(ResponseFormat::JsonSchema { json_schema }) => match json_schema.schema {
-            Some(schema) => Some(Spec::JsonSchema(schema)),
+            Some(schema) => {
+                limits.check_grammar_size(
+                    "response_format",
+                    "the `response_format` JSON schema",
+                    schema.get().len(),
+                )?;
+                let schema = serde_json::from_str(schema.get())
+                    .map_err(|e| ApiError::bad_param("response_format", e.to_string()))?;
+                Some(Spec::JsonSchema(schema))
+            }
             None => {
                 return Err(ApiError::bad_param(
                     "response_format",
@@ -635,7 +739,7 @@ mod tests {
         chat(json)
             .unwrap()
             .generation
-            .check()
+            .check(&InputArgs::default())
             .map(|(g, d, _)| (g, d))
     }
 
@@ -647,7 +751,7 @@ mod tests {
                 r#"{{"messages":[{{"role":"user","content":"x"}}],{extra}}}"#
             ))
             .unwrap()
-            .check()
+            .check(&InputArgs::default())
             .map(|c| c.tools.map(|t| t.choice))
         };
         assert_eq!(check(tools).unwrap(), Some(ToolChoice::Auto));
@@ -678,7 +782,11 @@ mod tests {
             assert!(check(&bad).is_err(), "{bad}");
         }
         let msgs = r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"2"}]}"#;
-        let turns = chat(msgs).unwrap().check().unwrap().input;
+        let turns = chat(msgs)
+            .unwrap()
+            .check(&InputArgs::default())
+            .unwrap()
+            .input;
         assert_eq!(
             turns[0].tool_calls.as_ref().unwrap()[0]["function"]["arguments"]["x"],
             1
@@ -703,7 +811,13 @@ mod tests {
 
     #[test]
     fn response_format_and_grammar() {
-        let form = |json: &str| chat(json).unwrap().generation.check().map(|(_, _, f)| f);
+        let form = |json: &str| {
+            chat(json)
+                .unwrap()
+                .generation
+                .check(&InputArgs::default())
+                .map(|(_, _, f)| f)
+        };
         assert_eq!(
             form(r#"{"messages":[],"response_format":{"type":"text"}}"#).unwrap(),
             None
@@ -768,6 +882,9 @@ mod tests {
             (r#"{"messages":[],"temperature":3}"#, "temperature"),
             (r#"{"messages":[],"top_p":1.5}"#, "top_p"),
             (r#"{"messages":[],"max_tokens":0}"#, "max_tokens"),
+            // Logits are divided by it (issue 42: 0 gave infinite logits).
+            (r#"{"messages":[],"repeat_penalty":0}"#, "repeat_penalty"),
+            (r#"{"messages":[],"repeat_penalty":-0.0}"#, "repeat_penalty"),
         ] {
             match generation(json) {
                 Err(ApiError::BadRequest {
@@ -780,6 +897,54 @@ mod tests {
                 other => panic!("{json}: {:?}", other.map(|_| ())),
             }
         }
+    }
+
+    /// Stop sequences are capped in length, grammars, schemas and tool lists in size: each
+    /// refusal names its limit (and its option, for the sizes).
+    #[test]
+    fn long_stops_and_large_grammars_are_refused_by_name() {
+        let long = "x".repeat(MAX_STOP_BYTES + 1);
+        let e = generation(&format!(r#"{{"messages":[],"stop":["a","{long}"]}}"#)).unwrap_err();
+        assert!(e.to_string().contains(&MAX_STOP_BYTES.to_string()), "{e}");
+        let ok = "x".repeat(MAX_STOP_BYTES);
+        generation(&format!(r#"{{"messages":[],"stop":"{ok}"}}"#)).unwrap();
+
+        let limits = InputArgs {
+            max_grammar_bytes: 100,
+            ..InputArgs::default()
+        };
+        let check = |extra: String| {
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],{extra}}}"#
+            ))
+            .unwrap()
+            .check(&limits)
+            .map(|_| ())
+        };
+        let big = "a".repeat(100);
+        let tool = |desc: &str| {
+            format!(r#"{{"type":"function","function":{{"name":"f","description":"{desc}"}}}}"#)
+        };
+        for (extra, param) in [
+            (format!(r#""grammar":"root ::= "{big}"""#), "grammar"),
+            (
+                format!(
+                    r#""response_format":{{"type":"json_schema","json_schema":{{"schema":{{"description":"{big}"}}}}}}"#
+                ),
+                "response_format",
+            ),
+            (format!(r#""tools":[{}]"#, tool(&big)), "tools"),
+            (format!(r#""tools":[{},{}]"#, tool("a"), tool("b")), "tools"),
+        ] {
+            match check(extra.clone()) {
+                Err(ApiError::FieldTooLarge { param: p, flag, .. }) => {
+                    assert_eq!((p, flag), (param, "--max-grammar-bytes"), "{extra}")
+                }
+                other => panic!("{extra}: {:?}", other.err()),
+            }
+        }
+        check(format!(r#""grammar":"root ::= "{}"""#, &big[..80])).unwrap();
+        check(format!(r#""tools":[{}]"#, tool("a"))).unwrap();
     }
 
     #[test]

@@ -26,13 +26,14 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     // While the model loads, 503 comes before any complaint about the request's values.
     state.engine()?;
+    let limits = &state.http().input;
     let Checked {
         input: turns,
         mut generation,
         mut delivery,
         mut constraint,
         tools,
-    } = req.check()?;
+    } = req.check(&limits.args)?;
     if let Some(tools) = &tools {
         let syntax = ToolSyntax::for_template(state.engine()?.model().chat_template());
         delivery.tools = Some(syntax);
@@ -42,14 +43,13 @@ pub async fn chat(
             constraint = Some(("tools", Spec::Lark(lark)));
         }
     }
-    let (prompt, compiled) = blocking(&state, "tokenizer", move |engine| {
-        let compiled = compile(engine, constraint)?;
-        let prompt = match &tools {
-            Some(t) => engine.chat_prompt_with_tools(&turns, &t.tools),
-            None => engine.chat_prompt(&turns),
-        };
-        let prompt = prompt.map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
-        Ok((prompt, compiled))
+    let special = limits.args.parse_special_in_content;
+    let compiled = compile(&state, constraint).await?;
+    let prompt = blocking(&state, "tokenizer", move |engine| {
+        let tools = tools.as_ref().map_or(&[][..], |t| &t.tools[..]);
+        engine
+            .chat_prompt(&turns, tools, special)
+            .map_err(|e| ApiError::bad_param("messages", e.to_string()))
     })
     .await?;
     generation.constraint = compiled;
@@ -67,36 +67,55 @@ pub async fn completions(
         delivery,
         constraint,
         tools: _,
-    } = req.check()?;
+    } = req.check(&state.http().input.args)?;
     let n_vocab = state.engine()?.model().tokenizer().n_vocab();
-    let (prompt, compiled) = blocking(&state, "tokenizer", move |engine| {
-        let compiled = compile(engine, constraint)?;
-        let prompt = match input {
+    let compiled = compile(&state, constraint).await?;
+    let prompt = blocking(&state, "tokenizer", move |engine| {
+        Ok(match input {
             PromptInput::Tokens(ids) => {
                 check_token_ids(&ids, n_vocab, "prompt")?;
                 ids
             }
             PromptInput::Text(text) => engine.text_prompt(&text),
-        };
-        Ok((prompt, compiled))
+        })
     })
     .await?;
     generation.constraint = compiled;
     generate(&state, prompt, generation, delivery, Kind::Completion).await
 }
 
-/// Compiles the output's required form for the model's vocabulary; a schema or grammar that
-/// cannot be enforced is the client's 400, named by the parameter that gave it.
-fn compile(
-    engine: &Engine,
+/// Compiles the output's required form for the model's vocabulary, on a blocking thread, at
+/// most --grammar-compiles at once (503 when no compile slot frees up in --grammar-timeout)
+/// and each within --grammar-timeout. A schema or grammar that cannot be enforced, or takes
+/// longer to compile, is the client's 400, named by the parameter that gave it.
+async fn compile(
+    state: &AppState,
     constraint: Option<(&'static str, Spec)>,
 ) -> Result<Option<Constraint>, ApiError> {
     let Some((param, spec)) = constraint else {
         return Ok(None);
     };
-    Constraint::new(engine.model().tokenizer(), &spec)
-        .map(Some)
-        .map_err(|e| ApiError::bad_param(param, e.to_string()))
+    let limits = &state.http().input;
+    let slot = limits.compile_slot().await?;
+    let timeout = limits.grammar_timeout();
+    let work = blocking(state, "grammar compile", move |engine: &Engine| {
+        // The slot is held until the compile ends, even one whose client has had its answer:
+        // a compile cannot be interrupted, and the limit is on compiles running, not waiting.
+        let _slot = slot;
+        Constraint::new(engine.model().tokenizer(), &spec)
+            .map(Some)
+            .map_err(|e| ApiError::bad_param(param, e.to_string()))
+    });
+    match tokio::time::timeout(timeout, work).await {
+        Ok(compiled) => compiled,
+        Err(_) => Err(ApiError::bad_param(
+            param,
+            format!(
+                "the {param} is too complex: compiling it took longer than {} s (--grammar-timeout); simplify it",
+                timeout.as_secs()
+            ),
+        )),
+    }
 }
 
 /// Refuses ids the model does not have, naming the first.

@@ -131,7 +131,8 @@ impl App {
 
     /// Sends a POST and returns its body as it streams, once the status and headers are in.
     pub fn stream(&self, path: &str, body: &Value) -> Stream {
-        let call = self.call("POST", path, &[], body.to_string().as_bytes());
+        let headers = [("Content-Type", "application/json")];
+        let call = self.call("POST", path, &headers, body.to_string().as_bytes());
         let response = self.runtime.block_on(call);
         assert_eq!(response.status(), 200);
         Stream {
