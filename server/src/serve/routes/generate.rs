@@ -6,9 +6,9 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::response::Response;
 
-use super::answer::{self, Kind};
+use super::answer::{self, Kind, OpenAi, Wire};
 use super::blocking;
-use crate::engine::chat_template::ToolSyntax;
+use crate::engine::chat_template::{ToolSyntax, Turn};
 use crate::engine::{Engine, Generation, Refused};
 use crate::grammar::{Constraint, Spec};
 use crate::serve::error::ApiError;
@@ -26,13 +26,40 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     // While the model loads, 503 comes before any complaint about the request's values.
     state.engine()?;
+    let prepared = prepare_chat(&state, req.check()?, "messages").await?;
+    let ready = state.ready()?;
+    let wire = OpenAi::new(
+        &ready.model_id,
+        ready.engine.shared_model(),
+        Kind::Chat,
+        &prepared.delivery,
+    );
+    generate(&state, prepared, wire, "messages").await
+}
+
+/// A chat, ready to submit.
+pub(super) struct Prepared {
+    pub prompt: Vec<u32>,
+    pub generation: Generation,
+    pub delivery: Delivery,
+}
+
+/// What every chat-shaped API (chat completions, Responses, Anthropic's messages) does once
+/// its request is read as turns and parameters: the tools offered in the model's own call
+/// syntax (a required call becomes a grammar), the output's form compiled for the vocabulary,
+/// the turns through the model's template. `input` names the request's turns in errors.
+pub(super) async fn prepare_chat(
+    state: &AppState,
+    checked: Checked<Vec<Turn>>,
+    input: &'static str,
+) -> Result<Prepared, ApiError> {
     let Checked {
         input: turns,
         mut generation,
         mut delivery,
         mut constraint,
         tools,
-    } = req.check()?;
+    } = checked;
     if let Some(tools) = &tools {
         let syntax = ToolSyntax::for_template(state.engine()?.model().chat_template());
         delivery.tools = Some(syntax);
@@ -42,18 +69,22 @@ pub async fn chat(
             constraint = Some(("tools", Spec::Lark(lark)));
         }
     }
-    let (prompt, compiled) = blocking(&state, "tokenizer", move |engine| {
+    let (prompt, compiled) = blocking(state, "tokenizer", move |engine| {
         let compiled = compile(engine, constraint)?;
         let prompt = match &tools {
             Some(t) => engine.chat_prompt_with_tools(&turns, &t.tools),
             None => engine.chat_prompt(&turns),
         };
-        let prompt = prompt.map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+        let prompt = prompt.map_err(|e| ApiError::bad_param(input, e.to_string()))?;
         Ok((prompt, compiled))
     })
     .await?;
     generation.constraint = compiled;
-    generate(&state, prompt, generation, delivery, Kind::Chat).await
+    Ok(Prepared {
+        prompt,
+        generation,
+        delivery,
+    })
 }
 
 pub async fn completions(
@@ -82,7 +113,19 @@ pub async fn completions(
     })
     .await?;
     generation.constraint = compiled;
-    generate(&state, prompt, generation, delivery, Kind::Completion).await
+    let ready = state.ready()?;
+    let wire = OpenAi::new(
+        &ready.model_id,
+        ready.engine.shared_model(),
+        Kind::Completion,
+        &delivery,
+    );
+    let prepared = Prepared {
+        prompt,
+        generation,
+        delivery,
+    };
+    generate(&state, prepared, wire, "prompt").await
 }
 
 /// Compiles the output's required form for the model's vocabulary; a schema or grammar that
@@ -110,42 +153,35 @@ pub fn check_token_ids(ids: &[u32], n_vocab: usize, param: &'static str) -> Resu
     }
 }
 
-/// Submits the job, then answers as the request asked.
-async fn generate(
+/// Submits the job, then answers as the request asked, in `wire`'s format. `input` names the
+/// request's prompt in errors.
+pub(super) async fn generate<W: Wire>(
     state: &AppState,
-    prompt: Vec<u32>,
-    mut generation: Generation,
-    delivery: Delivery,
-    kind: Kind,
+    prepared: Prepared,
+    wire: W,
+    input: &'static str,
 ) -> Result<Response, ApiError> {
+    let Prepared {
+        prompt,
+        mut generation,
+        delivery,
+    } = prepared;
     let ready = state.ready()?;
     generation.max_tokens = generation.max_tokens.or(state.http().default_max_tokens);
     let timeout = state.http().request_timeout;
     let events = ready
         .engine
         .submit(prompt, generation, Instant::now() + timeout)
-        .map_err(|refused| refused_error(refused, kind))?;
-    let vocab = ready.engine.shared_model();
-    answer::answer(
-        &ready.model_id,
-        vocab,
-        kind,
-        delivery,
-        events,
-        timeout.as_secs(),
-    )
-    .await
+        .map_err(|refused| refused_error(refused, input))?;
+    answer::answer(wire, delivery, events, timeout.as_secs()).await
 }
 
-fn refused_error(refused: Refused, kind: Kind) -> ApiError {
+fn refused_error(refused: Refused, input: &'static str) -> ApiError {
     match refused {
-        Refused::EmptyPrompt => ApiError::bad_param("prompt", "the prompt is empty"),
+        Refused::EmptyPrompt => ApiError::bad_param(input, "the prompt is empty"),
         // No silent truncation: at least one token must be generated after the prompt.
         Refused::PromptTooLong { tokens, n_ctx } => ApiError::bad_param(
-            match kind {
-                Kind::Chat => "messages",
-                Kind::Completion => "prompt",
-            },
+            input,
             format!(
                 "the prompt is {tokens} tokens but the context holds {n_ctx} (the prompt must leave room for at least one generated token); shorten the prompt or start the server with a larger --ctx-size"
             ),
