@@ -16,7 +16,8 @@ use serde_json::{json, Map, Value};
 use crate::engine::chat_template::Turn;
 use crate::serve::error::{ApiError, ErrorMessage};
 use crate::serve::openai::{
-    template_call, Checked, GenerationRequest, NamedFunction, Stop, ToolChoiceParam,
+    template_call, Checked, GenerationRequest, JsonSchemaFormat, NamedFunction, ResponseFormat,
+    Stop, ToolChoiceParam,
 };
 
 /// The path whose errors are written in Anthropic's shape.
@@ -48,6 +49,24 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<Map<String, Value>>>,
     #[serde(default)]
     pub tool_choice: Option<ToolChoice>,
+    /// Structured output: `{"format": {"type": "json_schema", "schema": {...}}}`, through
+    /// the constrained decoding.
+    #[serde(default)]
+    pub output_config: Option<OutputConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OutputConfig {
+    #[serde(default)]
+    pub format: Option<OutputFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OutputFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub schema: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -135,6 +154,33 @@ impl MessagesRequest {
             .map(|(i, tool)| chat_tool(tool, i))
             .collect::<Result<Vec<_>, _>>()?;
         let tool_choice = self.tool_choice.map(tool_choice).transpose()?;
+        let response_format = match self.output_config.and_then(|c| c.format) {
+            None => None,
+            Some(OutputFormat {
+                kind,
+                schema: Some(schema),
+            }) if kind == "json_schema" => Some(ResponseFormat::JsonSchema {
+                json_schema: JsonSchemaFormat {
+                    name: None,
+                    schema: Some(schema),
+                    strict: None,
+                },
+            }),
+            Some(_) => {
+                return Err(ApiError::bad_param(
+                    "output_config",
+                    "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                ))
+            }
+        };
+        let forces_call = matches!(&tool_choice, Some(ToolChoiceParam::Named { .. }))
+            || matches!(&tool_choice, Some(ToolChoiceParam::Mode(m)) if m == "required");
+        if forces_call && response_format.is_some() {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "a required tool call and an output_config.format are both given: send one of them",
+            ));
+        }
         let generation = GenerationRequest {
             max_tokens: Some(self.max_tokens),
             temperature: self.temperature,
@@ -144,6 +190,7 @@ impl MessagesRequest {
             stream: self.stream.unwrap_or(false),
             tools: (!tools.is_empty()).then_some(tools),
             tool_choice,
+            response_format,
             ..GenerationRequest::default()
         };
         generation.check_chat(turns)
@@ -361,6 +408,10 @@ mod tests {
         assert_eq!(c.generation.max_tokens, Some(5));
         assert_eq!(c.generation.stop, ["\n\n"]);
         assert_eq!(c.generation.sampler.top_k, 3);
+        let c = check(json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+            "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "integer"}}}}))
+        .unwrap();
+        assert_eq!(c.constraint.unwrap().0, "response_format");
     }
 
     #[test]
@@ -393,6 +444,7 @@ mod tests {
             (json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}), "messages"),
             (json!({"max_tokens": 5, "messages": user, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}), "tools"),
             (json!({"max_tokens": 5, "messages": user, "tools": [{"name": "f"}]}), "tools"),
+            (json!({"max_tokens": 5, "messages": user, "output_config": {"format": {"type": "yaml"}}}), "output_config"),
         ] {
             match check(body.clone()) {
                 Err(ApiError::BadRequest { param: Some(p), .. }) => assert_eq!(p, param, "{body}"),

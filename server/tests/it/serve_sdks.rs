@@ -83,6 +83,11 @@ fn openai_sdk_responses() {
         again["input_tokens_details"]["cached_tokens"].as_u64(),
         Some(input - 1)
     );
+    let cut = &v["cut"];
+    assert_eq!(cut["status"], "incomplete", "{cut}");
+    assert_eq!(cut["reason"], "max_output_tokens");
+    assert_eq!(cut["output_tokens"], 3);
+    assert!(text(&plain["text"]).starts_with(text(&cut["text"])));
     // Input items make the same prompt as a string.
     assert_eq!(v["as_items"]["text"], plain["text"]);
 

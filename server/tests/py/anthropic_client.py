@@ -15,14 +15,18 @@ base_url, api_key = sys.argv[1], sys.argv[2]
 client = anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)
 out = {}
 
-HELLO = [{"role": "user", "content": "Reply with one short sentence: hello."}]
+# The default model is a base model: this prompt is one it ends by itself (greedy).
+SYSTEM = "Answer in one short sentence."
+HELLO = [{"role": "user", "content": "Say hello."}]
+# This SDK has no temperature parameter any more; the server still reads it, as older SDKs send it.
+GREEDY = {"temperature": 0}
 
 
 def text_of(message):
     return "".join(b.text for b in message.content if b.type == "text")
 
 
-r = client.messages.create(model="m", max_tokens=60, system="You are terse.", messages=HELLO, temperature=0)
+r = client.messages.create(model="m", max_tokens=60, system=SYSTEM, messages=HELLO, extra_body=GREEDY)
 assert r.type == "message" and r.role == "assistant", r
 out["plain"] = {"id": r.id, "text": text_of(r), "stop_reason": r.stop_reason, "stop_sequence": r.stop_sequence,
                 "types": [b.type for b in r.content], "usage": r.usage.model_dump(exclude_none=True)}
@@ -30,7 +34,7 @@ out["plain"] = {"id": r.id, "text": text_of(r), "stop_reason": r.stop_reason, "s
 
 def streamed(**kwargs):
     events, texts = [], []
-    with client.messages.stream(model="m", temperature=0, **kwargs) as stream:
+    with client.messages.stream(model="m", extra_body=GREEDY, **kwargs) as stream:
         for event in stream:
             events.append(event.type)
             if event.type == "text":
@@ -43,16 +47,16 @@ def streamed(**kwargs):
 
 
 # Right after the plain request: its prompt is in the slot's cache.
-out["stream"] = streamed(max_tokens=60, system="You are terse.", messages=HELLO)
+out["stream"] = streamed(max_tokens=60, system=SYSTEM, messages=HELLO)
 
 # A stop sequence from inside that answer: the text ends before it, and it is named.
 plain = out["plain"]["text"]
 stop = plain[len(plain) // 2:len(plain) // 2 + 3]
-r = client.messages.create(model="m", max_tokens=60, system=[{"type": "text", "text": "You are terse."}],
-                           messages=HELLO, temperature=0, stop_sequences=[stop])
+r = client.messages.create(model="m", max_tokens=60, system=[{"type": "text", "text": SYSTEM}],
+                           messages=HELLO, extra_body=GREEDY, stop_sequences=[stop])
 out["stop"] = {"stop": stop, "text": text_of(r), "stop_reason": r.stop_reason, "stop_sequence": r.stop_sequence}
 
-r = client.messages.create(model="m", max_tokens=2, system="You are terse.", messages=HELLO, temperature=0)
+r = client.messages.create(model="m", max_tokens=2, system=SYSTEM, messages=HELLO, extra_body=GREEDY)
 out["max_tokens"] = {"text": text_of(r), "stop_reason": r.stop_reason, "output_tokens": r.usage.output_tokens}
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -60,7 +64,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
 TOOLS = [{"name": "get_weather", "description": "Current weather of a city", "input_schema": WEATHER}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 r = client.messages.create(model="m", max_tokens=80, messages=ASK, tools=TOOLS, tool_choice={"type": "any"},
-                           temperature=0)
+                           extra_body=GREEDY)
 uses = [b for b in r.content if b.type == "tool_use"]
 for u in uses:
     jsonschema.validate(u.input, WEATHER)
@@ -71,13 +75,13 @@ follow = ASK + [{"role": "assistant", "content": [b.model_dump(exclude_none=True
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
                                               "content": json.dumps({"temperature": 21, "sky": "clear"})}]}]
 r = client.messages.create(model="m", max_tokens=30, messages=follow, tools=TOOLS, tool_choice={"type": "none"},
-                           temperature=0)
+                           extra_body=GREEDY)
 out["after_tool"] = {"types": [b.type for b in r.content], "text": text_of(r), "stop_reason": r.stop_reason}
 
 
 # text_stream, as the SDK's users read it.
-with client.messages.stream(model="m", max_tokens=60, system="You are terse.", messages=HELLO,
-                            temperature=0) as stream:
+with client.messages.stream(model="m", max_tokens=60, system=SYSTEM, messages=HELLO,
+                            extra_body=GREEDY) as stream:
     out["text_stream"] = "".join(stream.text_stream)
 out["stream_tool"] = streamed(max_tokens=80, messages=ASK, tools=TOOLS, tool_choice={"type": "any"})
 

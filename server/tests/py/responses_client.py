@@ -15,25 +15,31 @@ base_url, api_key = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=300)
 out = {}
 
-HELLO = "Reply with one short sentence: hello."
-r = client.responses.create(model="m", input=HELLO, instructions="You are terse.", max_output_tokens=60,
+# The default model is a base model: this prompt is one it ends by itself (greedy).
+SYSTEM = "Answer in one short sentence."
+HELLO = "Say hello."
+r = client.responses.create(model="m", input=HELLO, instructions=SYSTEM, max_output_tokens=60,
                             temperature=0)
 assert r.object == "response" and r.store is False, r
 out["plain"] = {"id": r.id, "status": r.status, "text": r.output_text, "types": [o.type for o in r.output],
                 "usage": r.usage.model_dump()}
 
 # The same prompt again: found in the slot's cache.
-r = client.responses.create(model="m", input=HELLO, instructions="You are terse.", max_output_tokens=60,
+r = client.responses.create(model="m", input=HELLO, instructions=SYSTEM, max_output_tokens=60,
                             temperature=0)
 out["again"] = {"text": r.output_text, "usage": r.usage.model_dump()}
 
+r = client.responses.create(model="m", input=HELLO, instructions=SYSTEM, max_output_tokens=3, temperature=0)
+out["cut"] = {"status": r.status, "reason": r.incomplete_details.reason, "text": r.output_text,
+              "output_tokens": r.usage.output_tokens}
+
 # A message list in the Responses shape gives the same prompt as the string.
-r = client.responses.create(model="m", instructions="You are terse.", max_output_tokens=60, temperature=0,
+r = client.responses.create(model="m", instructions=SYSTEM, max_output_tokens=60, temperature=0,
                             input=[{"role": "user", "content": [{"type": "input_text", "text": HELLO}]}])
 out["as_items"] = {"text": r.output_text}
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-        "population": {"type": "integer", "minimum": 0}}, "required": ["city", "population"],
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000}}, "required": ["city", "population"],
         "additionalProperties": False}
 r = client.responses.create(model="m", input="Name a large city and its population.", max_output_tokens=60,
                             temperature=0, text={"format": {"type": "json_schema", "name": "city", "schema": CITY,
@@ -80,7 +86,7 @@ def streamed(**kwargs):
             "usage": final.usage.model_dump()}
 
 
-out["stream"] = streamed(input=HELLO, instructions="You are terse.", max_output_tokens=60)
+out["stream"] = streamed(input=HELLO, instructions=SYSTEM, max_output_tokens=60)
 out["stream_tool"] = streamed(input=ASK, tools=TOOLS, tool_choice="required", max_output_tokens=80)
 
 refused = {}

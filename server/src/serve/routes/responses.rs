@@ -90,11 +90,11 @@ impl Responses {
             "previous_response_id": null,
             "reasoning": null,
             "store": false,
-            "temperature": self.temperature,
+            "temperature": short(self.temperature),
             "text": echo.text,
             "tool_choice": echo.tool_choice,
             "tools": echo.tools,
-            "top_p": self.top_p,
+            "top_p": short(self.top_p),
             "truncation": "disabled",
             "usage": usage.map(usage_json),
             "metadata": echo.metadata,
@@ -142,6 +142,11 @@ impl Responses {
             })
             .collect()
     }
+}
+
+/// `x` as JSON with the digits it was given in (0.95, not the f32's 0.949999988079071).
+fn short(x: f32) -> Value {
+    x.to_string().parse::<f64>().map_or(Value::Null, Value::from)
 }
 
 fn status(finish: FinishReason) -> &'static str {
