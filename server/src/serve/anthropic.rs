@@ -154,25 +154,24 @@ impl MessagesRequest {
             .map(|(i, tool)| chat_tool(tool, i))
             .collect::<Result<Vec<_>, _>>()?;
         let tool_choice = self.tool_choice.map(tool_choice).transpose()?;
-        let response_format = match self.output_config.and_then(|c| c.format) {
-            None => None,
-            Some(OutputFormat {
-                kind,
-                schema: Some(schema),
-            }) if kind == "json_schema" => Some(ResponseFormat::JsonSchema {
-                json_schema: JsonSchemaFormat {
-                    name: None,
+        let response_format =
+            match self.output_config.and_then(|c| c.format) {
+                None => None,
+                Some(OutputFormat {
+                    kind,
                     schema: Some(schema),
-                    strict: None,
-                },
-            }),
-            Some(_) => {
-                return Err(ApiError::bad_param(
+                }) if kind == "json_schema" => Some(ResponseFormat::JsonSchema {
+                    json_schema: JsonSchemaFormat {
+                        name: None,
+                        schema: Some(schema),
+                        strict: None,
+                    },
+                }),
+                Some(_) => return Err(ApiError::bad_param(
                     "output_config",
                     "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
-                ))
-            }
-        };
+                )),
+            };
         let forces_call = matches!(&tool_choice, Some(ToolChoiceParam::Named { .. }))
             || matches!(&tool_choice, Some(ToolChoiceParam::Mode(m)) if m == "required");
         if forces_call && response_format.is_some() {
@@ -277,7 +276,9 @@ fn text_of(content: &Content, param: &'static str) -> Result<String, ApiError> {
                 ("text", Some(text)) => Ok(text.as_str()),
                 (kind, _) => Err(ApiError::bad_param(
                     param,
-                    format!("a {param} block of type `{kind}` is not supported here: send text blocks"),
+                    format!(
+                        "a {param} block of type `{kind}` is not supported here: send text blocks"
+                    ),
                 )),
             })
             .collect(),
@@ -402,8 +403,14 @@ mod tests {
         let roles: Vec<&str> = t.iter().map(|t| t.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
         assert_eq!(t[2].content, "Let me add.");
-        assert_eq!(t[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"]["b"], 1);
-        assert_eq!((t[3].tool_call_id.as_deref(), t[3].content.as_str()), (Some("toolu_1"), "2"));
+        assert_eq!(
+            t[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"]["b"],
+            1
+        );
+        assert_eq!(
+            (t[3].tool_call_id.as_deref(), t[3].content.as_str()),
+            (Some("toolu_1"), "2")
+        );
         assert_eq!(t[4].content, "So?");
         assert_eq!(c.generation.max_tokens, Some(5));
         assert_eq!(c.generation.stop, ["\n\n"]);
@@ -418,15 +425,29 @@ mod tests {
     fn tools_and_tool_choice() {
         let tools = json!([{"name": "f", "description": "d", "input_schema": {"type": "object"}}]);
         let choice = |c: Value| {
-            check(json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-                "tools": tools, "tool_choice": c}))
-            .map(|c| c.tools.map(|t| (t.choice, t.tools[0]["function"]["parameters"].clone())))
+            check(
+                json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                "tools": tools, "tool_choice": c}),
+            )
+            .map(|c| {
+                c.tools
+                    .map(|t| (t.choice, t.tools[0]["function"]["parameters"].clone()))
+            })
         };
         let (any, params) = choice(json!({"type": "any"})).unwrap().unwrap();
         assert_eq!(any, Choice::Required);
         assert_eq!(params, json!({"type": "object"}));
-        assert_eq!(choice(json!({"type": "tool", "name": "f"})).unwrap().unwrap().0, Choice::Named("f".into()));
-        assert_eq!(choice(json!({"type": "auto"})).unwrap().unwrap().0, Choice::Auto);
+        assert_eq!(
+            choice(json!({"type": "tool", "name": "f"}))
+                .unwrap()
+                .unwrap()
+                .0,
+            Choice::Named("f".into())
+        );
+        assert_eq!(
+            choice(json!({"type": "auto"})).unwrap().unwrap().0,
+            Choice::Auto
+        );
         assert!(choice(json!({"type": "none"})).unwrap().is_none());
         assert!(choice(json!({"type": "tool", "name": "g"})).is_err());
         assert!(choice(json!({"type": "sometimes"})).is_err());
@@ -438,13 +459,34 @@ mod tests {
         for (body, param) in [
             (json!({"max_tokens": 0, "messages": user}), "max_tokens"),
             (json!({"max_tokens": 5, "messages": []}), "messages"),
-            (json!({"max_tokens": 5, "messages": user, "temperature": 1.5}), "temperature"),
-            (json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}), "messages"),
-            (json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}]}), "messages"),
-            (json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}), "messages"),
-            (json!({"max_tokens": 5, "messages": user, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}), "tools"),
-            (json!({"max_tokens": 5, "messages": user, "tools": [{"name": "f"}]}), "tools"),
-            (json!({"max_tokens": 5, "messages": user, "output_config": {"format": {"type": "yaml"}}}), "output_config"),
+            (
+                json!({"max_tokens": 5, "messages": user, "temperature": 1.5}),
+                "temperature",
+            ),
+            (
+                json!({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}),
+                "messages",
+            ),
+            (
+                json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}]}),
+                "messages",
+            ),
+            (
+                json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+                "messages",
+            ),
+            (
+                json!({"max_tokens": 5, "messages": user, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+                "tools",
+            ),
+            (
+                json!({"max_tokens": 5, "messages": user, "tools": [{"name": "f"}]}),
+                "tools",
+            ),
+            (
+                json!({"max_tokens": 5, "messages": user, "output_config": {"format": {"type": "yaml"}}}),
+                "output_config",
+            ),
         ] {
             match check(body.clone()) {
                 Err(ApiError::BadRequest { param: Some(p), .. }) => assert_eq!(p, param, "{body}"),
@@ -452,7 +494,10 @@ mod tests {
             }
         }
         let e = serde_json::from_value::<MessagesRequest>(json!({"messages": user})).unwrap_err();
-        assert!(e.to_string().starts_with("missing field `max_tokens`"), "{e}");
+        assert!(
+            e.to_string().starts_with("missing field `max_tokens`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -34,7 +34,11 @@ impl Served {
         let v: Value = serde_json::from_str(out.trim())
             .unwrap_or_else(|e| panic!("{e}: {out}\nserver log:\n{}", self.server.log()));
         eprintln!("{v:#}");
-        assert!(!self.server.log().contains("panicked"), "{}", self.server.log());
+        assert!(
+            !self.server.log().contains("panicked"),
+            "{}",
+            self.server.log()
+        );
         v
     }
 }
@@ -168,13 +172,19 @@ fn openai_sdk_responses() {
 
     for (param, why) in [
         ("store", "store: true is not supported"),
-        ("previous_response_id", "previous_response_id is not supported"),
+        (
+            "previous_response_id",
+            "previous_response_id is not supported",
+        ),
     ] {
         let refused = &v["refused"][param];
         assert_eq!(refused["status"], 400, "{param}: {refused}");
         assert_eq!(refused["param"], param);
         let message = text(&refused["message"]);
-        assert!(message.contains(why) && message.contains("stateless"), "{message}");
+        assert!(
+            message.contains(why) && message.contains("stateless"),
+            "{message}"
+        );
     }
 }
 

@@ -176,10 +176,8 @@ impl ResponsesRequest {
         let given_tools = self.tools.unwrap_or_default();
         let tools = chat_tools(&given_tools)?;
         let (tool_choice, choice_echo) = tool_choice(self.tool_choice)?;
-        let forces_call = matches!(
-            &tool_choice,
-            Some(ToolChoiceParam::Named { .. })
-        ) || matches!(&tool_choice, Some(ToolChoiceParam::Mode(m)) if m == "required");
+        let forces_call = matches!(&tool_choice, Some(ToolChoiceParam::Named { .. }))
+            || matches!(&tool_choice, Some(ToolChoiceParam::Mode(m)) if m == "required");
         if forces_call && response_format.is_some() && !tools.is_empty() {
             return Err(ApiError::bad_param(
                 "tool_choice",
@@ -213,9 +211,15 @@ impl ResponsesRequest {
     fn refuse_state(&self) -> Result<(), ApiError> {
         const WHY: &str = "this server is stateless and keeps no responses; send the whole conversation in `input` instead";
         let refused = if self.previous_response_id.is_some() {
-            Some(("previous_response_id", "previous_response_id is not supported"))
+            Some((
+                "previous_response_id",
+                "previous_response_id is not supported",
+            ))
         } else if self.store == Some(true) {
-            Some(("store", "store: true is not supported (send store: false or leave it out)"))
+            Some((
+                "store",
+                "store: true is not supported (send store: false or leave it out)",
+            ))
         } else if self.background == Some(true) {
             Some(("background", "background: true is not supported"))
         } else if self.conversation.is_some() {
@@ -468,9 +472,7 @@ mod tests {
 
     fn param_of(result: Result<(Checked<Vec<Turn>>, Echo), ApiError>) -> &'static str {
         match result {
-            Err(ApiError::BadRequest {
-                param: Some(p), ..
-            }) => p,
+            Err(ApiError::BadRequest { param: Some(p), .. }) => p,
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("accepted"),
         }
@@ -503,7 +505,10 @@ mod tests {
         .unwrap();
         let t = &c.input;
         assert_eq!(t.len(), 4, "{t:?}");
-        assert_eq!((t[0].role.as_str(), t[0].content.as_str()), ("system", "A\n\nB"));
+        assert_eq!(
+            (t[0].role.as_str(), t[0].content.as_str()),
+            ("system", "A\n\nB")
+        );
         assert_eq!(t[1].content, "xy");
         assert_eq!(t[2].content, "Let me see.");
         let calls = t[2].tool_calls.as_ref().unwrap();
@@ -515,8 +520,10 @@ mod tests {
 
     #[test]
     fn formats_and_tools_take_the_chat_path() {
-        let (c, echo) = check(json!({"input": "x", "text": {"format": {"type": "json_schema",
-            "name": "n", "strict": true, "schema": {"type": "integer"}}}}))
+        let (c, echo) = check(
+            json!({"input": "x", "text": {"format": {"type": "json_schema",
+            "name": "n", "strict": true, "schema": {"type": "integer"}}}}),
+        )
         .unwrap();
         assert_eq!(c.constraint.unwrap().0, "response_format");
         assert_eq!(echo.text["format"]["schema"], json!({"type": "integer"}));
@@ -527,8 +534,10 @@ mod tests {
         assert_eq!(tools.choice, ToolChoice::Required);
         assert_eq!(tools.tools[0]["function"]["name"], "f");
         assert_eq!(echo.tools[0]["name"], "f");
-        let (c, _) = check(json!({"input": "x", "tool_choice": {"type": "function", "name": "f"},
-            "tools": [{"type": "function", "name": "f"}]}))
+        let (c, _) = check(
+            json!({"input": "x", "tool_choice": {"type": "function", "name": "f"},
+            "tools": [{"type": "function", "name": "f"}]}),
+        )
         .unwrap();
         assert_eq!(c.tools.unwrap().choice, ToolChoice::Named("f".into()));
     }
@@ -536,25 +545,64 @@ mod tests {
     #[test]
     fn state_and_bad_values_are_refused_by_name() {
         for (body, param) in [
-            (json!({"input": "x", "previous_response_id": "resp_1"}), "previous_response_id"),
+            (
+                json!({"input": "x", "previous_response_id": "resp_1"}),
+                "previous_response_id",
+            ),
             (json!({"input": "x", "store": true}), "store"),
             (json!({"input": "x", "background": true}), "background"),
-            (json!({"input": "x", "conversation": "conv_1"}), "conversation"),
+            (
+                json!({"input": "x", "conversation": "conv_1"}),
+                "conversation",
+            ),
             (json!({"input": "x", "prompt": {"id": "p"}}), "prompt"),
-            (json!({"input": "x", "max_output_tokens": 0}), "max_output_tokens"),
+            (
+                json!({"input": "x", "max_output_tokens": 0}),
+                "max_output_tokens",
+            ),
             (json!({"input": "x", "temperature": 3}), "temperature"),
-            (json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}), "text"),
-            (json!({"input": "x", "tools": [{"type": "web_search"}]}), "tools"),
-            (json!({"input": "x", "tools": [{"type": "function"}]}), "tools"),
-            (json!({"input": "x", "tool_choice": {"type": "file_search"}}), "tool_choice"),
-            (json!({"input": "x", "tool_choice": "required"}), "tool_choice"),
-            (json!({"input": "x", "tool_choice": "required", "tools": [{"type": "function", "name": "f"}],
-                "text": {"format": {"type": "json_object"}}}), "tool_choice"),
+            (
+                json!({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}),
+                "text",
+            ),
+            (
+                json!({"input": "x", "tools": [{"type": "web_search"}]}),
+                "tools",
+            ),
+            (
+                json!({"input": "x", "tools": [{"type": "function"}]}),
+                "tools",
+            ),
+            (
+                json!({"input": "x", "tool_choice": {"type": "file_search"}}),
+                "tool_choice",
+            ),
+            (
+                json!({"input": "x", "tool_choice": "required"}),
+                "tool_choice",
+            ),
+            (
+                json!({"input": "x", "tool_choice": "required", "tools": [{"type": "function", "name": "f"}],
+                "text": {"format": {"type": "json_object"}}}),
+                "tool_choice",
+            ),
             (json!({"input": []}), "input"),
-            (json!({"input": [{"role": "tool", "content": "x"}]}), "input"),
-            (json!({"input": [{"type": "image_generation_call"}]}), "input"),
-            (json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}), "input"),
-            (json!({"input": [{"type": "function_call", "arguments": "{}"}]}), "input"),
+            (
+                json!({"input": [{"role": "tool", "content": "x"}]}),
+                "input",
+            ),
+            (
+                json!({"input": [{"type": "image_generation_call"}]}),
+                "input",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+                "input",
+            ),
+            (
+                json!({"input": [{"type": "function_call", "arguments": "{}"}]}),
+                "input",
+            ),
         ] {
             assert_eq!(param_of(check(body.clone())), param, "{body}");
         }
@@ -569,8 +617,15 @@ mod tests {
         let err = serde_path_to_error::deserialize::<_, ResponsesRequest>(&mut de).unwrap_err();
         assert_eq!(err.path().to_string(), "input[1].role");
         let err = serde_json::from_str::<ResponsesRequest>(r#"{"input": 5}"#).unwrap_err();
-        assert!(err.to_string().contains("a string or a list of input items"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("a string or a list of input items"),
+            "{err}"
+        );
         let err = serde_json::from_str::<ResponsesRequest>("{}").unwrap_err();
-        assert!(err.to_string().starts_with("missing field `input`"), "{err}");
+        assert!(
+            err.to_string().starts_with("missing field `input`"),
+            "{err}"
+        );
     }
 }

@@ -199,7 +199,8 @@ impl<W: Wire> SseState<W> {
                     return;
                 }
                 let piece = &self.rx.piece;
-                self.wire.text(&mut self.frames, &piece.text, &piece.logprobs);
+                self.wire
+                    .text(&mut self.frames, &piece.text, &piece.logprobs);
             }
             Some(Event::End(End::Done { finish, usage })) => {
                 let mut calls = Vec::new();
@@ -351,7 +352,8 @@ impl Wire for OpenAi {
     fn open(&mut self, frames: &mut Frames) {
         if self.meta.kind == Kind::Chat {
             // OpenAI opens a chat stream with the role and empty content.
-            self.meta.chunk(frames, Some("assistant"), Some(""), None, None);
+            self.meta
+                .chunk(frames, Some("assistant"), Some(""), None, None);
         }
     }
 

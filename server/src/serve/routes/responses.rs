@@ -146,7 +146,9 @@ impl Responses {
 
 /// `x` as JSON with the digits it was given in (0.95, not the f32's 0.949999988079071).
 fn short(x: f32) -> Value {
-    x.to_string().parse::<f64>().map_or(Value::Null, Value::from)
+    x.to_string()
+        .parse::<f64>()
+        .map_or(Value::Null, Value::from)
 }
 
 fn status(finish: FinishReason) -> &'static str {
@@ -197,7 +199,11 @@ impl Wire for Responses {
             output.push(message_item(&new_id("msg_"), status, Some(&text)));
         }
         let first = output.len();
-        output.extend(self.call_items(&calls, first).into_iter().map(|(_, item)| item));
+        output.extend(
+            self.call_items(&calls, first)
+                .into_iter()
+                .map(|(_, item)| item),
+        );
         Json(self.object(status, output, Some(usage))).into_response()
     }
 
@@ -205,7 +211,11 @@ impl Wire for Responses {
         let response = self.object("in_progress", Vec::new(), None);
         self.event(frames, "response.created", json!({"response": response}));
         let response = self.object("in_progress", Vec::new(), None);
-        self.event(frames, "response.in_progress", json!({"response": response}));
+        self.event(
+            frames,
+            "response.in_progress",
+            json!({"response": response}),
+        );
     }
 
     fn text(&mut self, frames: &mut Frames, text: &str, _logprobs: &[TokenLogprob]) {
