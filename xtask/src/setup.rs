@@ -256,6 +256,7 @@ mod tests {
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .collect();
         for wanted in [
+            "anthropic",
             "gguf",
             "numpy",
             "openai",

@@ -27,8 +27,10 @@ pub struct Generation {
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation token or a stop sequence.
+    /// An end-of-generation token, or a constrained output that is complete.
     Stop,
+    /// The stop sequence of this index in [`Generation::stop`] was written (and withheld).
+    StopSequence(usize),
     /// max_tokens reached, or the context is full.
     Length,
 }

@@ -417,11 +417,13 @@ impl Task {
     }
 
     /// Sends what is left of the text; returns the final event.
-    fn finish(&mut self, finish: FinishReason, stopped: bool) -> Step {
+    fn finish(&mut self, mut finish: FinishReason, stopped: bool) -> Step {
         if !stopped {
             let tail = self.decoder.finish().unwrap_or_default();
             let stopped_now = self.stop.push(tail, &mut self.text);
-            if !stopped_now {
+            if let Some(index) = self.stop.matched().filter(|_| stopped_now) {
+                finish = FinishReason::StopSequence(index);
+            } else {
                 let mut rest = String::new();
                 self.stop.finish(&mut rest);
                 self.text.push_str(&rest);
@@ -613,7 +615,8 @@ impl Task {
                 task.send_text();
             }
             if stopped {
-                return task.finish(FinishReason::Stop, true);
+                let index = task.stop.matched().unwrap_or_default();
+                return task.finish(FinishReason::StopSequence(index), true);
             }
         }
         // A complete output that nothing may extend ends here, as if the model had ended it.

@@ -6,6 +6,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     /// Text received but not yet released.
     held: String,
+    /// The index of the stop sequence found, once one is.
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
@@ -13,6 +15,7 @@ impl StopMatcher {
         StopMatcher {
             stops,
             held: String::new(),
+            matched: None,
         }
     }
 
@@ -24,11 +27,13 @@ impl StopMatcher {
         let first_stop = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(i, s)| self.held.find(s.as_str()).map(|at| (at, i)))
             .min();
-        if let Some(at) = first_stop {
+        if let Some((at, i)) = first_stop {
             out.push_str(&self.held[..at]);
             self.held.clear();
+            self.matched = Some(i);
             return true;
         }
         let keep = self.partial_match_len();
@@ -36,6 +41,12 @@ impl StopMatcher {
         out.push_str(&self.held[..release]);
         self.held.drain(..release);
         false
+    }
+
+    /// The index in the list given to [`StopMatcher::new`] of the stop sequence found (the
+    /// first in the text; of two starting at the same place, the first listed).
+    pub fn matched(&self) -> Option<usize> {
+        self.matched
     }
 
     /// The held text, released when generation ends for another reason.
@@ -114,6 +125,17 @@ mod tests {
     #[test]
     fn earliest_of_several_stops() {
         assert_eq!(run(&["cd", "b"], &["abcd"]), ("a".into(), true));
+    }
+
+    #[test]
+    fn the_stop_found_is_named_by_its_index() {
+        let mut m = StopMatcher::new(vec!["cd".into(), "b".into()]);
+        let mut out = String::new();
+        assert_eq!(m.matched(), None);
+        assert!(!m.push("a", &mut out));
+        assert_eq!(m.matched(), None);
+        assert!(m.push("bcd", &mut out));
+        assert_eq!(m.matched(), Some(1));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! API keys: `Authorization: Bearer <key>`, keys read from `--api-key-file`.
+//! API keys: `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
+//! (Anthropic's), keys read from `--api-key-file`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,6 +11,9 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
+
+/// The header Anthropic's API takes the key in.
+const X_API_KEY: &str = "x-api-key";
 
 /// The accepted keys, kept only as SHA-256 digests: comparing digests of a fixed length takes
 /// the same time whatever the length of the key or of the guess. Empty: no key is needed.
@@ -56,8 +60,7 @@ impl ApiKeys {
     }
 
     /// The key `header` (the Authorization value) carries, if it is one of ours. The scheme is
-    /// matched without regard to case (RFC 9110, 11.1). Every key is compared in full, so the
-    /// time taken does not reveal which key, nor how much of a guess, was right.
+    /// matched without regard to case (RFC 9110, 11.1).
     fn admits(&self, header: Option<&[u8]>) -> Option<KeyId> {
         let header = header?;
         let space = header.iter().position(|&b| b == b' ')?;
@@ -65,7 +68,13 @@ impl ApiKeys {
         if !scheme.eq_ignore_ascii_case(b"bearer") {
             return None;
         }
-        let guess = digest(token.trim_ascii());
+        self.admits_key(token)
+    }
+
+    /// Whether `key` is one of ours. Every key is compared in full, so the time taken does not
+    /// reveal which key, nor how much of a guess, was right.
+    fn admits_key(&self, key: &[u8]) -> Option<KeyId> {
+        let guess = digest(key.trim_ascii());
         self.0.iter().enumerate().fold(None, |found, (i, key)| {
             if equal_digests(key, &guess) {
                 Some(KeyId(i))
@@ -88,8 +97,15 @@ pub async fn require_key(State(keys): State<ApiKeys>, mut req: Request, next: Ne
     if keys.is_empty() {
         return next.run(req).await;
     }
-    let header = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    match keys.admits(header) {
+    // Anthropic's SDKs send the key as `x-api-key`; `Authorization` wins when both are there.
+    let headers = req.headers();
+    let admitted = match headers.get(AUTHORIZATION) {
+        Some(value) => keys.admits(Some(value.as_bytes())),
+        None => headers
+            .get(X_API_KEY)
+            .and_then(|key| keys.admits_key(key.as_bytes())),
+    };
+    match admitted {
         Some(id) => {
             req.extensions_mut().insert(id);
             next.run(req).await
@@ -118,6 +134,10 @@ mod tests {
         assert_eq!(id(b"k1"), None);
         assert_eq!(id(b""), None);
         assert!(keys.admits(None).is_none());
+        // x-api-key: the key alone.
+        assert_eq!(keys.admits_key(b"secret-2").map(|KeyId(i)| i), Some(1));
+        assert!(keys.admits_key(b"Bearer k1").is_none());
+        assert!(keys.admits_key(b"").is_none());
     }
 
     #[test]

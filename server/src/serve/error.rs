@@ -29,7 +29,7 @@ pub enum ApiError {
     },
     #[error("the request body's Content-Type is {given}; send JSON with `-H 'Content-Type: application/json'`")]
     UnsupportedMediaType { given: String },
-    #[error("missing or invalid API key: send `Authorization: Bearer <key>` with a key from the server's --api-key-file")]
+    #[error("missing or invalid API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with a key from the server's --api-key-file")]
     Unauthorized,
     #[error("no route for {method} {path}; see GET /openapi.json for the API")]
     NotFound { method: String, path: String },
@@ -174,12 +174,20 @@ pub struct ErrorObject {
     pub code: Option<&'static str>,
 }
 
+/// The message of an error response, kept in its extensions so that a route whose API has
+/// another error shape (Anthropic's) can write it in that shape.
+#[derive(Debug, Clone)]
+pub struct ErrorMessage(pub String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if let ApiError::Internal(detail) = &self {
             tracing::error!("{detail}");
         }
-        let mut response = (self.status(), Json(self.body())).into_response();
+        let body = self.body();
+        let message = ErrorMessage(body.error.message.clone());
+        let mut response = (self.status(), Json(body)).into_response();
+        response.extensions_mut().insert(message);
         let headers = response.headers_mut();
         match &self {
             ApiError::Overloaded { retry_after, .. }

@@ -5,6 +5,7 @@
 //! tokenized on tokio's blocking pool and generated on the engine's own thread, never on the
 //! async workers.
 
+pub mod anthropic;
 pub mod auth;
 pub mod error;
 pub mod extract;
@@ -38,6 +39,8 @@ use metrics::Metrics;
 pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/chat/completions"),
     ("post", "/v1/completions"),
+    ("post", "/v1/responses"),
+    ("post", "/v1/messages"),
     ("get", "/v1/models"),
     ("post", "/tokenize"),
     ("post", "/detokenize"),
@@ -202,6 +205,8 @@ pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(routes::generate::chat))
         .route("/v1/completions", post(routes::generate::completions))
+        .route("/v1/responses", post(routes::responses::create))
+        .route(anthropic::PATH, post(routes::messages::create))
         .route("/v1/models", get(routes::info::models))
         .route("/tokenize", post(routes::tokens::tokenize))
         .route("/detokenize", post(routes::tokens::detokenize))
@@ -236,6 +241,9 @@ pub fn router(state: AppState) -> Router {
     if http.loopback_hosts {
         app = app.layer(middleware::from_fn(hosts::loopback_only));
     }
+    // Outside every layer that may refuse a request, so that all refusals on Anthropic's
+    // route take Anthropic's error shape.
+    app = app.layer(middleware::from_fn(anthropic::error_shape));
     app.layer(middleware::from_fn_with_state(
         state.clone(),
         record_request,

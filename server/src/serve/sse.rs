@@ -53,6 +53,16 @@ impl Frames {
         self.buf.put_slice(b"\n\n");
     }
 
+    /// Appends one event named `name` (an `event: <name>` line, which Anthropic's SDK reads
+    /// and OpenAI's Responses API sends) whose data is `value` as JSON.
+    pub fn named_json(&mut self, name: &str, value: &impl Serialize) {
+        self.buf.reserve(EVENT_ROOM);
+        self.buf.put_slice(b"event: ");
+        self.buf.put_slice(name.as_bytes());
+        self.buf.put_slice(b"\n");
+        self.json(value);
+    }
+
     /// Appends one event whose data is `line` (which holds no newline).
     pub fn data(&mut self, line: &str) {
         self.start();
@@ -137,6 +147,11 @@ mod tests {
         assert_eq!(&first[..], b"data: {\"a\":\"x\\ny\"}\n\ndata: [DONE]\n\n");
         frames.data("z");
         assert_eq!(&frames.take().unwrap()[..], b"data: z\n\n");
+        frames.named_json("ping", &serde_json::json!({"type": "ping"}));
+        assert_eq!(
+            &frames.take().unwrap()[..],
+            b"event: ping\ndata: {\"type\":\"ping\"}\n\n"
+        );
         // A frame still held elsewhere keeps its bytes while the buffer is written again.
         assert_eq!(&first[..6], b"data: ");
     }

@@ -29,6 +29,7 @@ mod serve_liveness;
 mod serve_load;
 mod serve_memory;
 mod serve_schemathesis;
+mod serve_sdks;
 mod serve_security;
 mod serve_slots;
 mod serve_structured;

@@ -4,6 +4,7 @@
 mod one_or_list;
 mod request;
 mod response;
+pub mod responses;
 pub mod tools;
 
 pub use request::*;

@@ -59,19 +59,7 @@ pub struct Delivery {
 
 impl ChatRequest {
     /// The request's values checked, within `limits`.
-    pub fn check(mut self, limits: &InputArgs) -> Result<Checked<Vec<Turn>>, ApiError> {
-        let tools = tool_request(
-            self.generation.tools.take(),
-            self.generation.tool_choice.take(),
-            limits,
-        )?;
-        let (generation, delivery, constraint) = self.generation.check(limits)?;
-        if tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) && constraint.is_some() {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                "a required tool call and a response_format/grammar are both given: send one of them",
-            ));
-        }
+    pub fn check(self, limits: &InputArgs) -> Result<Checked<Vec<Turn>>, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::bad_param(
                 "messages",
@@ -104,6 +92,26 @@ impl ChatRequest {
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
+        self.generation.check_chat(turns, limits)
+    }
+}
+
+impl GenerationRequest {
+    /// Checks the parameters of a chat whose `turns` are read: as chat completions', and as
+    /// the Responses and Anthropic requests' once translated into them.
+    pub fn check_chat(
+        mut self,
+        turns: Vec<Turn>,
+        limits: &InputArgs,
+    ) -> Result<Checked<Vec<Turn>>, ApiError> {
+        let tools = tool_request(self.tools.take(), self.tool_choice.take(), limits)?;
+        let (generation, delivery, constraint) = self.check(limits)?;
+        if tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) && constraint.is_some() {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "a required tool call and a response_format/grammar are both given: send one of them",
+            ));
+        }
         Ok(Checked {
             input: turns,
             generation,
@@ -186,14 +194,7 @@ impl ChatMessage {
         Some(serde_json::Value::Array(
             calls
                 .iter()
-                .map(|c| {
-                    let args = serde_json::from_str::<serde_json::Value>(&c.function.arguments)
-                        .ok()
-                        .filter(serde_json::Value::is_object)
-                        .unwrap_or_else(|| c.function.arguments.clone().into());
-                    serde_json::json!({"id": c.id, "type": "function",
-                        "function": {"name": c.function.name, "arguments": args}})
-                })
+                .map(|c| template_call(c.id.as_deref(), &c.function.name, &c.function.arguments))
                 .collect(),
         ))
     }
@@ -215,6 +216,17 @@ impl ChatMessage {
                 .collect(),
         }
     }
+}
+
+/// One call of an assistant turn as chat templates read it: arguments (JSON text) as an
+/// object; text that is no JSON object stays text.
+pub fn template_call(id: Option<&str>, name: &str, arguments: &str) -> serde_json::Value {
+    let args = serde_json::from_str::<serde_json::Value>(arguments)
+        .ok()
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| arguments.into());
+    serde_json::json!({"id": id, "type": "function",
+        "function": {"name": name, "arguments": args}})
 }
 
 impl Prompt {

@@ -13,7 +13,7 @@ use crate::tokenizer::Tokenizer;
 /// OpenAI's `finish_reason`.
 pub fn finish_reason(finish: FinishReason) -> &'static str {
     match finish {
-        FinishReason::Stop => "stop",
+        FinishReason::Stop | FinishReason::StopSequence(_) => "stop",
         FinishReason::Length => "length",
     }
 }

@@ -6,9 +6,9 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::response::Response;
 
-use super::answer::{self, Kind};
+use super::answer::{self, Kind, OpenAi, Wire};
 use super::blocking;
-use crate::engine::chat_template::ToolSyntax;
+use crate::engine::chat_template::{ToolSyntax, Turn};
 use crate::engine::{Engine, Generation, Refused};
 use crate::grammar::{Constraint, Spec};
 use crate::serve::error::ApiError;
@@ -26,14 +26,40 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     // While the model loads, 503 comes before any complaint about the request's values.
     state.engine()?;
-    let limits = &state.http().input;
+    let prepared = prepare_chat(&state, req.check(&state.http().input.args)?, "messages").await?;
+    let ready = state.ready()?;
+    let wire = OpenAi::new(
+        &ready.model_id,
+        ready.engine.shared_model(),
+        Kind::Chat,
+        &prepared.delivery,
+    );
+    generate(&state, prepared, wire, "messages").await
+}
+
+/// A chat, ready to submit.
+pub(super) struct Prepared {
+    pub prompt: Vec<u32>,
+    pub generation: Generation,
+    pub delivery: Delivery,
+}
+
+/// What every chat-shaped API (chat completions, Responses, Anthropic's messages) does once
+/// its request is read as turns and parameters: the tools offered in the model's own call
+/// syntax (a required call becomes a grammar), the output's form compiled for the vocabulary,
+/// the turns through the model's template. `input` names the request's turns in errors.
+pub(super) async fn prepare_chat(
+    state: &AppState,
+    checked: Checked<Vec<Turn>>,
+    input: &'static str,
+) -> Result<Prepared, ApiError> {
     let Checked {
         input: turns,
         mut generation,
         mut delivery,
         mut constraint,
         tools,
-    } = req.check(&limits.args)?;
+    } = checked;
     if let Some(tools) = &tools {
         let syntax = ToolSyntax::for_template(state.engine()?.model().chat_template());
         delivery.tools = Some(syntax);
@@ -43,17 +69,21 @@ pub async fn chat(
             constraint = Some(("tools", Spec::Lark(lark)));
         }
     }
-    let special = limits.args.parse_special_in_content;
-    let compiled = compile(&state, constraint).await?;
-    let prompt = blocking(&state, "tokenizer", move |engine| {
+    let special = state.http().input.args.parse_special_in_content;
+    let compiled = compile(state, constraint).await?;
+    let prompt = blocking(state, "tokenizer", move |engine| {
         let tools = tools.as_ref().map_or(&[][..], |t| &t.tools[..]);
         engine
             .chat_prompt(&turns, tools, special)
-            .map_err(|e| ApiError::bad_param("messages", e.to_string()))
+            .map_err(|e| ApiError::bad_param(input, e.to_string()))
     })
     .await?;
     generation.constraint = compiled;
-    generate(&state, prompt, generation, delivery, Kind::Chat).await
+    Ok(Prepared {
+        prompt,
+        generation,
+        delivery,
+    })
 }
 
 pub async fn completions(
@@ -81,7 +111,19 @@ pub async fn completions(
     })
     .await?;
     generation.constraint = compiled;
-    generate(&state, prompt, generation, delivery, Kind::Completion).await
+    let ready = state.ready()?;
+    let wire = OpenAi::new(
+        &ready.model_id,
+        ready.engine.shared_model(),
+        Kind::Completion,
+        &delivery,
+    );
+    let prepared = Prepared {
+        prompt,
+        generation,
+        delivery,
+    };
+    generate(&state, prepared, wire, "prompt").await
 }
 
 /// Compiles the output's required form for the model's vocabulary, on a blocking thread, at
@@ -129,42 +171,35 @@ pub fn check_token_ids(ids: &[u32], n_vocab: usize, param: &'static str) -> Resu
     }
 }
 
-/// Submits the job, then answers as the request asked.
-async fn generate(
+/// Submits the job, then answers as the request asked, in `wire`'s format. `input` names the
+/// request's prompt in errors.
+pub(super) async fn generate<W: Wire>(
     state: &AppState,
-    prompt: Vec<u32>,
-    mut generation: Generation,
-    delivery: Delivery,
-    kind: Kind,
+    prepared: Prepared,
+    wire: W,
+    input: &'static str,
 ) -> Result<Response, ApiError> {
+    let Prepared {
+        prompt,
+        mut generation,
+        delivery,
+    } = prepared;
     let ready = state.ready()?;
     generation.max_tokens = generation.max_tokens.or(state.http().default_max_tokens);
     let timeout = state.http().request_timeout;
     let events = ready
         .engine
         .submit(prompt, generation, Instant::now() + timeout)
-        .map_err(|refused| refused_error(refused, kind))?;
-    let vocab = ready.engine.shared_model();
-    answer::answer(
-        &ready.model_id,
-        vocab,
-        kind,
-        delivery,
-        events,
-        timeout.as_secs(),
-    )
-    .await
+        .map_err(|refused| refused_error(refused, input))?;
+    answer::answer(wire, delivery, events, timeout.as_secs()).await
 }
 
-fn refused_error(refused: Refused, kind: Kind) -> ApiError {
+fn refused_error(refused: Refused, input: &'static str) -> ApiError {
     match refused {
-        Refused::EmptyPrompt => ApiError::bad_param("prompt", "the prompt is empty"),
+        Refused::EmptyPrompt => ApiError::bad_param(input, "the prompt is empty"),
         // No silent truncation: at least one token must be generated after the prompt.
         Refused::PromptTooLong { tokens, n_ctx } => ApiError::bad_param(
-            match kind {
-                Kind::Chat => "messages",
-                Kind::Completion => "prompt",
-            },
+            input,
             format!(
                 "the prompt is {tokens} tokens but the context holds {n_ctx} (the prompt must leave room for at least one generated token); shorten the prompt or start the server with a larger --ctx-size"
             ),

@@ -3,6 +3,8 @@
 mod answer;
 pub mod generate;
 pub mod info;
+pub mod messages;
+pub mod responses;
 pub mod tokens;
 pub mod ui;
 
