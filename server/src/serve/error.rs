@@ -19,8 +19,10 @@ pub enum ApiError {
     TooLarge { limit: usize },
     #[error("missing or invalid API key: send `Authorization: Bearer <key>` with a key from the server's --api-key-file")]
     Unauthorized,
-    #[error("no route for {method} {path}; see GET /openapi.json for the API")]
-    NotFound { method: String, path: String },
+    /// The path is not echoed: a client would get back whatever it sent (a 60 KB path), and a
+    /// page may show the answer to someone else.
+    #[error("no route for this method and path; see GET /openapi.json for the API")]
+    NotFound,
     #[error("too many requests: over the rate limit of this {by}; retry after {retry_after} s")]
     RateLimited { by: &'static str, retry_after: u64 },
     #[error(
@@ -67,7 +69,7 @@ impl ApiError {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::BadHost { .. } => StatusCode::FORBIDDEN,
@@ -85,7 +87,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. }
             | ApiError::TooLarge { .. }
-            | ApiError::NotFound { .. }
+            | ApiError::NotFound
             | ApiError::BodyTimeout { .. }
             | ApiError::BadHost { .. } => "invalid_request_error",
             ApiError::RateLimited { .. } => "rate_limit_error",
