@@ -14,7 +14,6 @@ use llm_server::serve::auth::ApiKeys;
 use llm_server::serve::limit::RateConfig;
 use llm_server::serve::listener::{ConnArgs, ConnLimits};
 use llm_server::serve::{listener, router, sd_notify, tls, AppState, HttpConfig, Ready};
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use super::plan::{Checked, Sizing, EXIT_DOES_NOT_FIT};
@@ -181,7 +180,7 @@ impl Serve {
         cpus: usize,
     ) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let addr = SocketAddr::new(self.host, self.port);
-        let listener = TcpListener::bind(addr).await.map_err(|e| {
+        let listener = listener::bind(addr).map_err(|e| {
             format!("cannot listen on {addr}: {e}; choose another --port or --host")
         })?;
         tracing::info!(

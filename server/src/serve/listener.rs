@@ -24,7 +24,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::{sleep_until, Instant};
 use tokio_rustls::TlsAcceptor;
 use tower_service::Service;
@@ -202,6 +202,20 @@ Content-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 
 the server has no free connection; retry in a second\n"
         }
     }
+}
+
+/// Listens on `addr` with a backlog of 1024 rather than the usual 128: a burst of connections
+/// waits there only for the moment the accept loop takes to sort them, and a full backlog drops
+/// SYNs (the client retries after a second, then three).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then waits for open connections to
