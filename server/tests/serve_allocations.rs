@@ -89,7 +89,9 @@ impl Server {
         let addr = listener.local_addr().unwrap();
         let limits = ConnLimits {
             max_connections: 4,
+            max_per_client: 2,
             header_timeout: Duration::from_secs(30),
+            ..ConnLimits::default()
         };
         runtime.spawn(serve(listener, app, None, limits, std::future::pending()));
         Server {

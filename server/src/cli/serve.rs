@@ -13,9 +13,8 @@ use llm_server::model::{LoadOptions, Model};
 use llm_server::serve::auth::ApiKeys;
 use llm_server::serve::input::{InputArgs, InputLimits};
 use llm_server::serve::limit::RateConfig;
-use llm_server::serve::listener::ConnLimits;
+use llm_server::serve::listener::{ConnArgs, ConnLimits};
 use llm_server::serve::{listener, router, sd_notify, tls, AppState, HttpConfig, Ready};
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use super::plan::{Checked, Sizing, EXIT_DOES_NOT_FIT};
@@ -67,9 +66,12 @@ pub struct Serve {
     /// Requests a rate-limit bucket holds: how many may come at once after a quiet spell.
     #[arg(long, default_value_t = RateConfig::default().burst, value_parser = clap::value_parser!(u32).range(1..))]
     rate_burst: u32,
-    /// Connections served at once; more wait in the kernel's accept queue.
+    /// Connections open at once; past it an idle one gives way to a new one, or the new one
+    /// gets 503 and is closed (none waits in the kernel's accept queue).
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    #[command(flatten)]
+    conn: ConnArgs,
     /// Seconds a client has to send a request's headers (and, with TLS, finish the handshake).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     header_timeout: u64,
@@ -107,6 +109,11 @@ impl Serve {
     pub fn run(self) -> CliResult {
         init_logging();
         exit_on_engine_panic();
+        let limits = self.conn.limits(
+            self.max_connections,
+            Duration::from_secs(self.header_timeout),
+            Duration::from_secs(self.request_timeout),
+        )?;
         let gguf = Gguf::open(&self.model)?;
         let checked = Checked::new(&gguf, self.sizing)?;
         let table = checked.table(&self.model.display().to_string());
@@ -159,7 +166,7 @@ impl Serve {
             .thread_name("http")
             .enable_all()
             .build()?;
-        let code = runtime.block_on(self.serve(gguf, checked, http, tls, cpus))?;
+        let code = runtime.block_on(self.serve(gguf, checked, http, tls, limits, cpus))?;
         if code == ExitCode::SUCCESS {
             Ok(())
         } else {
@@ -173,10 +180,11 @@ impl Serve {
         checked: Checked,
         http: HttpConfig,
         tls: Option<tokio_rustls::TlsAcceptor>,
+        limits: ConnLimits,
         cpus: usize,
     ) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let addr = SocketAddr::new(self.host, self.port);
-        let listener = TcpListener::bind(addr).await.map_err(|e| {
+        let listener = listener::bind(addr).map_err(|e| {
             format!("cannot listen on {addr}: {e}; choose another --port or --host")
         })?;
         tracing::info!(
@@ -260,10 +268,6 @@ impl Serve {
                 state.cancel_all();
             }
         });
-        let limits = ConnLimits {
-            max_connections: self.max_connections as usize,
-            header_timeout: Duration::from_secs(self.header_timeout),
-        };
         listener::serve(listener, router(state.clone()), tls, limits, shutdown).await;
         // Anything still queued (e.g. on connections that closed) is released with the engine.
         let _ = tokio::task::spawn_blocking(move || state.cancel_all()).await;

@@ -31,8 +31,10 @@ pub enum ApiError {
     UnsupportedMediaType { given: String },
     #[error("missing or invalid API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with a key from the server's --api-key-file")]
     Unauthorized,
-    #[error("no route for {method} {path}; see GET /openapi.json for the API")]
-    NotFound { method: String, path: String },
+    /// The path is not echoed: a client would get back whatever it sent (a 60 KB path), and a
+    /// page may show the answer to someone else.
+    #[error("no route for this method and path; see GET /openapi.json for the API")]
+    NotFound,
     #[error("too many requests: over the rate limit of this {by}; retry after {retry_after} s")]
     RateLimited { by: &'static str, retry_after: u64 },
     #[error(
@@ -88,7 +90,7 @@ impl ApiError {
             }
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::BadHost { .. } => StatusCode::FORBIDDEN,
@@ -109,7 +111,7 @@ impl ApiError {
             | ApiError::TooLarge { .. }
             | ApiError::FieldTooLarge { .. }
             | ApiError::UnsupportedMediaType { .. }
-            | ApiError::NotFound { .. }
+            | ApiError::NotFound
             | ApiError::BodyTimeout { .. }
             | ApiError::BadHost { .. } => "invalid_request_error",
             ApiError::RateLimited { .. } => "rate_limit_error",

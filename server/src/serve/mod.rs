@@ -7,6 +7,7 @@
 
 pub mod anthropic;
 pub mod auth;
+mod conns;
 pub mod error;
 pub mod extract;
 mod hosts;
@@ -214,8 +215,7 @@ pub fn router(state: AppState) -> Router {
             limits.clone(),
             limit::per_key,
         ))
-        .route_layer(require_key.clone())
-        .route_layer(middleware::from_fn_with_state(limits, limit::per_ip));
+        .route_layer(require_key.clone());
     // What the server counts is for its operators, not for every client.
     let metrics = Router::new()
         .route("/metrics", get(routes::info::metrics))
@@ -223,14 +223,18 @@ pub fn router(state: AppState) -> Router {
     let probes = Router::new()
         .route("/health", get(routes::info::health))
         .route("/openapi.json", get(routes::info::openapi));
-    let probes = if http.protect_probes {
-        probes.route_layer(require_key)
+    let (keyed, open) = if http.protect_probes {
+        (
+            api.merge(metrics).merge(probes.route_layer(require_key)),
+            Router::new(),
+        )
     } else {
-        probes
+        (api.merge(metrics), probes)
     };
-    let mut app = api
-        .merge(metrics)
-        .merge(probes)
+    // Every route that checks a key passes the per-IP bucket first: guessing keys is limited.
+    let keyed = keyed.route_layer(middleware::from_fn_with_state(limits, limit::per_ip));
+    let mut app = keyed
+        .merge(open)
         .route("/", get(routes::ui::page)) // the chat page: never behind a key (it asks for one)
         .fallback(routes::info::not_found)
         .method_not_allowed_fallback(routes::info::method_not_allowed)
@@ -318,6 +322,45 @@ mod test_leak {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guessing keys at `/metrics` spends the per-IP bucket as it does on the API; the open
+    /// probes spend nothing.
+    #[tokio::test]
+    async fn per_ip_bucket_wraps_metrics_but_not_open_probes() {
+        use axum::extract::ConnectInfo;
+        use tower::ServiceExt;
+        let file = std::env::temp_dir().join(format!("llm-router-keys-{}", std::process::id()));
+        std::fs::write(&file, "the-key\n").unwrap();
+        let api_keys = ApiKeys::from_file(&file).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let app = router(AppState::new(HttpConfig {
+            api_keys,
+            rate: limit::RateConfig {
+                per_key: 0,
+                per_ip: 60,
+                burst: 2,
+            },
+            ..HttpConfig::default()
+        }));
+        let status = |path: &'static str| {
+            let app = app.clone();
+            async move {
+                let mut request = axum::http::Request::get(path)
+                    .header("Authorization", "Bearer guess")
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                let peer: std::net::SocketAddr = "192.0.2.1:4000".parse().unwrap();
+                request.extensions_mut().insert(ConnectInfo(peer));
+                app.oneshot(request).await.unwrap().status().as_u16()
+            }
+        };
+        for _ in 0..3 {
+            assert_ne!(status("/health").await, 429);
+        }
+        assert_eq!(status("/metrics").await, 401);
+        assert_eq!(status("/v1/models").await, 401);
+        assert_eq!(status("/metrics").await, 429);
+    }
 
     /// `/openapi.json` documents exactly the routes the router serves, with the same methods.
     #[test]

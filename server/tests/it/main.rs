@@ -19,6 +19,7 @@ mod cpu_guard;
 mod dequant_vs_gguf_py;
 mod gguf_malformed;
 mod golden;
+mod hostile_conn;
 mod hostile_requests;
 mod no_pdep_pext;
 mod serve_api;

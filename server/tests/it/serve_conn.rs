@@ -1,13 +1,16 @@
 //! Connection hygiene on a spawned server: slowloris clients are cut off by the header-read
-//! timeout without keeping others out, a slow body by the body timeout, and connections past
-//! `--max-connections` wait their turn in the accept queue.
+//! timeout without keeping others out, a slow body by the body timeout; connections past
+//! `--max-connections` or `--max-connections-per-ip` are shed at once, never queued; idle,
+//! never-reading and old connections are closed. The attacks at the appliance's limits are in
+//! `hostile_conn`.
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufReader, ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::serve_support::{synth_model, try_request, Requests, Server};
+use crate::serve_support::hostile::{attacker, connect_from};
+use crate::serve_support::{read_head, synth_model, try_request, write_request, Requests, Server};
 
 const SLOW_CLIENTS: usize = 200;
 const REQUEST: &[u8] = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
@@ -33,7 +36,8 @@ fn closed(stream: &mut TcpStream) -> bool {
 fn slowloris_clients_are_timed_out_and_keep_nobody_out() {
     let s = Server::start(&synth_model(), &["--header-timeout", "3"]);
     let mut slow: Vec<Option<TcpStream>> = (0..SLOW_CLIENTS)
-        .map(|_| Some(TcpStream::connect(s.addr).unwrap()))
+        // From addresses of their own: one address gets only --max-connections-per-ip.
+        .map(|i| Some(connect_from(attacker(i), s.addr, None).unwrap()))
         .collect();
     let started = Instant::now();
     let mut normal = None;
@@ -112,23 +116,262 @@ fn slow_body_gets_408_and_the_connection_closed() {
     );
 }
 
+/// `n` pipelined `GET /openapi.json` (25 KB each) from `from` with a small receive buffer,
+/// never read: the server's writes stall and the connection stays busy until --write-timeout.
+fn stalled_reader(addr: std::net::SocketAddr, from: Ipv4Addr) -> TcpStream {
+    let mut stream = connect_from(from, addr, Some(4096)).unwrap();
+    let request = "GET /openapi.json HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(100);
+    stream.write_all(request.as_bytes()).unwrap();
+    stream
+}
+
+/// The answer to a connection the server refused at once, read within a second.
+fn refused_at_once(addr: std::net::SocketAddr, from: Ipv4Addr) -> String {
+    let started = Instant::now();
+    let mut stream = connect_from(from, addr, None).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "refused after {took:?}: {answer}"
+    );
+    answer
+}
+
 #[test]
-fn connections_past_the_limit_wait_for_a_free_one() {
+fn connections_past_the_limit_are_shed_not_queued() {
     let s = Server::start(
         &synth_model(),
-        &["--max-connections", "2", "--header-timeout", "3"],
+        &[
+            "--max-connections",
+            "2",
+            "--max-connections-per-ip",
+            "1",
+            "--header-timeout",
+            "30",
+            "--write-timeout",
+            "2",
+        ],
     );
-    // Two silent connections take both places until the header timeout closes them.
-    let _idle: Vec<TcpStream> = (0..2)
-        .map(|_| TcpStream::connect(s.addr).unwrap())
+    // Two silent connections take both places; being idle, one gives way to a newcomer at
+    // once (before, the newcomer waited in the accept queue for the header timeout).
+    let _idle: Vec<TcpStream> = (2..4)
+        .map(|x| connect_from(Ipv4Addr::new(127, 0, 0, x), s.addr, None).unwrap())
         .collect();
     thread::sleep(Duration::from_millis(200));
     let started = Instant::now();
     let r = try_request(s.addr, "GET", "/health", &[], b"").unwrap();
     let took = started.elapsed();
     assert_eq!(r.status, 200);
+    assert!(took < Duration::from_secs(1), "answered after {took:?}");
+
+    // Two connections busy with answers their clients do not read: nobody gives way, so a
+    // newcomer gets 503 with Retry-After at once, until --write-timeout drops them.
+    let stalled: Vec<TcpStream> = (4..6)
+        .map(|x| stalled_reader(s.addr, Ipv4Addr::new(127, 0, 0, x)))
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    let answer = refused_at_once(s.addr, Ipv4Addr::new(127, 0, 0, 6));
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("Retry-After: 1"), "{answer}");
+    assert!(answer.contains("no free connection"), "{answer}");
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = try_request(s.addr, "GET", "/health", &[], b"") {
+            if r.status == 200 {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the stalled connections were not dropped"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let waited = started.elapsed();
+    eprintln!("place free again {waited:?} after the refusal");
     assert!(
-        took >= Duration::from_secs(2),
-        "answered in {took:?}: no limit"
+        waited >= Duration::from_millis(500),
+        "{waited:?}: nothing was busy"
     );
+    drop(stalled);
+}
+
+#[test]
+fn one_address_gets_its_share_and_no_more() {
+    let s = Server::start(
+        &synth_model(),
+        &["--max-connections", "16", "--max-connections-per-ip", "3"],
+    );
+    let from = Ipv4Addr::new(127, 0, 0, 7);
+    let _held: Vec<TcpStream> = (0..3)
+        .map(|_| connect_from(from, s.addr, None).unwrap())
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    let answer = refused_at_once(s.addr, from);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("from your address"), "{answer}");
+    // Another address is served.
+    let mut other = connect_from(Ipv4Addr::new(127, 0, 0, 8), s.addr, None).unwrap();
+    write_request(&mut other, "GET", "/health", &[], b"").unwrap();
+    let mut answer = String::new();
+    other.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[test]
+fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
+    let s = Server::start(
+        &synth_model(),
+        &["--idle-timeout", "1", "--header-timeout", "30"],
+    );
+    let mut stream = TcpStream::connect(s.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let (status, headers) = read_head(&mut reader).unwrap();
+    assert_eq!(status, 200);
+    let length: usize = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap();
+    reader.read_exact(&mut vec![0; length]).unwrap();
+    // Kept alive, then idle: closed after about a second (not the 30 s header timeout).
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).unwrap();
+    let took = started.elapsed();
+    assert!(rest.is_empty());
+    assert!(
+        (Duration::from_millis(800)..Duration::from_secs(5)).contains(&took),
+        "closed after {took:?}"
+    );
+}
+
+/// Near --max-connection-age a connection takes its last request (`Connection: close`), so
+/// that a request begun on it can finish within --request-timeout before the age is reached.
+#[test]
+fn old_connections_are_drained_then_closed() {
+    let s = Server::start(
+        &synth_model(),
+        &[
+            "--request-timeout",
+            "1",
+            "--max-connection-age",
+            "3",
+            "--idle-timeout",
+            "30",
+            "--header-timeout",
+            "30",
+        ],
+    );
+    let mut stream = TcpStream::connect(s.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut answers = 0;
+    loop {
+        if stream
+            .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .is_err()
+        {
+            break;
+        }
+        let Ok((status, headers)) = read_head(&mut reader) else {
+            break;
+        };
+        assert_eq!(status, 200);
+        answers += 1;
+        let length: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap();
+        reader.read_exact(&mut vec![0; length]).unwrap();
+        let close = headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("connection") && v == "close");
+        let age = started.elapsed();
+        // Kept alive for the first 2 s (age 3 - request timeout 1), closed after.
+        if close {
+            assert!(age >= Duration::from_millis(1900), "closed at {age:?}");
+            let mut rest = Vec::new();
+            reader.read_to_end(&mut rest).unwrap();
+            break;
+        }
+        assert!(
+            age < Duration::from_millis(2500),
+            "still kept alive at {age:?}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(answers >= 5, "{answers} answers");
+}
+
+#[test]
+fn connection_limits_are_checked_against_each_other() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--max-connections", "4", "--max-connections-per-ip", "4"],
+            "--max-connections-per-ip 4 must be below --max-connections 4",
+        ),
+        (
+            &["--max-connection-age", "600"],
+            "--max-connection-age 600 must exceed --request-timeout 600",
+        ),
+        (&["--idle-timeout", "0"], "--idle-timeout"),
+        (&["--write-timeout", "0"], "--write-timeout"),
+    ];
+    for (args, expected) in cases {
+        let mut s = Server::spawn(&synth_model(), args);
+        let status = s.wait_exit(Duration::from_secs(30));
+        assert!(!status.success(), "{args:?}");
+        assert!(s.log().contains(expected), "{args:?}: {}", s.log());
+    }
+}
+
+/// A request in hand is never idle: an answer that takes longer than --idle-timeout to compute
+/// (nothing on the wire meanwhile), or to stream, arrives whole.
+#[test]
+fn long_answers_outlive_the_idle_timeout() {
+    let s = Server::start(
+        &test_support::default_model(),
+        &["--idle-timeout", "1", "--threads", "1"],
+    );
+    for stream in [false, true] {
+        let started = Instant::now();
+        let r = s.post_json(
+            "/v1/completions",
+            &serde_json::json!({"prompt": "Count from 1 to 200: 1, 2, 3, 4,", "max_tokens": 120,
+                                "temperature": 0, "stream": stream}),
+        );
+        let took = started.elapsed();
+        assert_eq!(r.status, 200, "{}", r.body);
+        eprintln!("stream {stream}: answered in {took:?}");
+        assert!(
+            took > Duration::from_millis(1500),
+            "answered in {took:?}: too quick to show anything about --idle-timeout 1; ask for more tokens"
+        );
+        if stream {
+            assert_eq!(
+                r.sse_data().last().map(String::as_str),
+                Some("[DONE]"),
+                "{}",
+                r.body
+            );
+        } else {
+            assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+        }
+    }
 }

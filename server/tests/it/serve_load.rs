@@ -158,6 +158,9 @@ fn server(model: &Path, env: &[(&str, &Path)]) -> Server {
             "512",
             "--threads",
             "1",
+            // The clients share one address: the queue, not the per-address cap, is tested.
+            "--max-connections-per-ip",
+            "64",
         ],
         env,
     )

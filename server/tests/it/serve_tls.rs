@@ -12,8 +12,9 @@ use tokio_rustls::rustls::{self, ClientConfig, ClientConnection, RootCertStore, 
 
 use crate::serve_support::{read_head, synth_model, try_request, Server};
 
-/// A self-signed certificate for `localhost` and 127.0.0.1, its DER and the PEM files.
-struct Cert {
+/// A self-signed certificate for `localhost` and 127.0.0.1, its DER and the PEM files (also
+/// used by `hostile_conn`).
+pub(crate) struct Cert {
     der: CertificateDer<'static>,
     cert: PathBuf,
     key: PathBuf,
@@ -21,7 +22,7 @@ struct Cert {
 }
 
 impl Cert {
-    fn new(name: &str) -> Cert {
+    pub(crate) fn new(name: &str) -> Cert {
         let rcgen::CertifiedKey { cert, signing_key } =
             rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
                 .unwrap();
@@ -38,7 +39,7 @@ impl Cert {
         }
     }
 
-    fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         vec![
             "--tls-cert".into(),
             self.cert.display().to_string(),
@@ -55,7 +56,11 @@ impl Drop for Cert {
 }
 
 /// One HTTPS request that trusts only `cert`; status and body.
-fn https(addr: SocketAddr, cert: &Cert, request: &str) -> std::io::Result<(u16, String)> {
+pub(crate) fn https(
+    addr: SocketAddr,
+    cert: &Cert,
+    request: &str,
+) -> std::io::Result<(u16, String)> {
     let mut roots = RootCertStore::empty();
     roots.add(cert.der.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -78,11 +83,11 @@ fn https(addr: SocketAddr, cert: &Cert, request: &str) -> std::io::Result<(u16, 
     Ok((status, body))
 }
 
-fn get(path: &str) -> String {
+pub(crate) fn get(path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
 }
 
-fn wait_ready_https(s: &Server, cert: &Cert) {
+pub(crate) fn wait_ready_https(s: &Server, cert: &Cert) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !matches!(https(s.addr, cert, &get("/health")), Ok((200, _))) {
         assert!(Instant::now() < deadline, "not ready:\n{}", s.log());

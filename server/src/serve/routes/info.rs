@@ -1,7 +1,7 @@
 //! `/health`, `/metrics`, `/v1/models`, `/openapi.json` and the JSON 404/405.
 
 use axum::extract::State;
-use axum::http::{header, Method, StatusCode, Uri};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -59,18 +59,14 @@ pub async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
 }
 
-pub async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::NotFound {
-        method: method.to_string(),
-        path: uri.path().to_owned(),
-    }
+/// 404 without the path (see [`ApiError::NotFound`]).
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound
 }
 
-pub async fn method_not_allowed(method: Method, uri: Uri) -> Response {
-    let message = format!(
-        "{method} is not allowed on {}; see GET /openapi.json for the API",
-        uri.path()
-    );
+/// 405 without the method or the path: neither is echoed back (see [`ApiError::NotFound`]).
+pub async fn method_not_allowed() -> Response {
+    let message = "this method is not allowed on this route; see GET /openapi.json for the API";
     let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}});
     (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
 }

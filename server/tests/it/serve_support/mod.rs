@@ -4,6 +4,7 @@
 //! over plain sockets, so every byte on the wire is under the test's control.
 
 pub mod app;
+pub mod hostile;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -102,6 +103,11 @@ impl Server {
     /// One sample of `/metrics` (a series without labels).
     pub fn metric(&self, name: &str) -> f64 {
         metric(&self.get("/metrics").body, name)
+    }
+
+    /// The exit status if the process has exited, without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().unwrap()
     }
 
     /// Waits up to `within` for the process to exit by itself.
