@@ -16,9 +16,11 @@ use serde_json::{json, Map, Value};
 use crate::engine::chat_template::Turn;
 use crate::serve::error::{ApiError, ErrorMessage};
 use crate::serve::input::InputArgs;
+use serde_json::value::RawValue;
+
 use crate::serve::openai::{
-    template_call, Checked, GenerationRequest, JsonSchemaFormat, NamedFunction, ResponseFormat,
-    Stop, ToolChoiceParam,
+    check_schema_size, read_objects, template_call, Checked, GenerationRequest, JsonSchemaFormat,
+    NamedFunction, RawObject, ResponseFormat, Stop, ToolChoiceParam,
 };
 
 /// The path whose errors are written in Anthropic's shape.
@@ -47,7 +49,7 @@ pub struct MessagesRequest {
     pub stream: Option<bool>,
     /// `[{"name", "description", "input_schema"}]`.
     #[serde(default)]
-    pub tools: Option<Vec<Map<String, Value>>>,
+    pub tools: Option<Vec<RawObject>>,
     #[serde(default)]
     pub tool_choice: Option<ToolChoice>,
     /// Structured output: `{"format": {"type": "json_schema", "schema": {...}}}`, through
@@ -67,7 +69,7 @@ pub struct OutputFormat {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
-    pub schema: Option<Value>,
+    pub schema: Option<Box<RawValue>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -147,12 +149,10 @@ impl MessagesRequest {
                 "the last message is the assistant's: continuing a prefilled answer is not supported; end with a user message",
             ));
         }
-        let tools = self
-            .tools
-            .unwrap_or_default()
+        let tools = read_objects(self.tools.unwrap_or_default(), "tools", "`tools`", limits)?
             .iter()
             .enumerate()
-            .map(|(i, tool)| chat_tool(tool, i))
+            .map(|(i, tool)| chat_tool(tool, i).map(|t| RawObject::from_map(&t)))
             .collect::<Result<Vec<_>, _>>()?;
         let tool_choice = self.tool_choice.map(tool_choice).transpose()?;
         let response_format =
@@ -161,13 +161,21 @@ impl MessagesRequest {
                 Some(OutputFormat {
                     kind,
                     schema: Some(schema),
-                }) if kind == "json_schema" => Some(ResponseFormat::JsonSchema {
-                    json_schema: JsonSchemaFormat {
-                        name: None,
-                        schema: Some(schema),
-                        strict: None,
-                    },
-                }),
+                }) if kind == "json_schema" => {
+                    check_schema_size(
+                        &schema,
+                        "output_config",
+                        "the output_config.format schema",
+                        limits,
+                    )?;
+                    Some(ResponseFormat::JsonSchema {
+                        json_schema: JsonSchemaFormat {
+                            name: None,
+                            schema: Some(schema),
+                            strict: None,
+                        },
+                    })
+                }
                 Some(_) => return Err(ApiError::bad_param(
                     "output_config",
                     "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",

@@ -344,6 +344,43 @@ impl<'de> Deserialize<'de> for RawObject {
     }
 }
 
+impl RawObject {
+    /// `object`, kept as its text.
+    pub fn from_map(object: &serde_json::Map<String, serde_json::Value>) -> RawObject {
+        // A map of JSON values always serializes: its keys are strings.
+        RawObject(serde_json::value::to_raw_value(object).unwrap_or_default())
+    }
+}
+
+/// The objects of `raw` read into trees, once their total size (as a JSON list) is within
+/// --max-grammar-bytes; `what` names them in the 413 (as `param` names them in the 400).
+pub fn read_objects(
+    raw: Vec<RawObject>,
+    param: &'static str,
+    what: &'static str,
+    limits: &InputArgs,
+) -> Result<Vec<serde_json::Map<String, serde_json::Value>>, ApiError> {
+    if raw.is_empty() {
+        return Ok(Vec::new());
+    }
+    let bytes = raw.iter().map(|t| t.0.get().len() + 1).sum::<usize>() + 1;
+    limits.check_grammar_size(param, what, bytes)?;
+    raw.iter()
+        .map(|t| serde_json::from_str(t.0.get()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ApiError::bad_param(param, format!("{param}: {e}")))
+}
+
+/// A schema kept as its text, within --max-grammar-bytes.
+pub fn check_schema_size(
+    schema: &RawValue,
+    param: &'static str,
+    what: &'static str,
+    limits: &InputArgs,
+) -> Result<(), ApiError> {
+    limits.check_grammar_size(param, what, schema.get().len())
+}
+
 /// Checks `tools` (each a function with a name, all of them within --max-grammar-bytes) and
 /// `tool_choice` against them.
 fn tool_request(

@@ -17,9 +17,11 @@ use serde_json::{json, Map, Value};
 use crate::engine::chat_template::Turn;
 use crate::serve::error::ApiError;
 use crate::serve::input::InputArgs;
+use serde_json::value::RawValue;
+
 use crate::serve::openai::{
-    template_call, Checked, ContentPart, GenerationRequest, JsonSchemaFormat, MessageContent,
-    NamedFunction, ResponseFormat, ToolChoiceParam,
+    check_schema_size, read_objects, template_call, Checked, ContentPart, GenerationRequest,
+    JsonSchemaFormat, MessageContent, NamedFunction, RawObject, ResponseFormat, ToolChoiceParam,
 };
 
 /// `POST /v1/responses`.
@@ -44,7 +46,7 @@ pub struct ResponsesRequest {
     /// Responses' flat function tools: `{"type": "function", "name", "description",
     /// "parameters", "strict"}`.
     #[serde(default)]
-    pub tools: Option<Vec<Map<String, Value>>>,
+    pub tools: Option<Vec<RawObject>>,
     #[serde(default)]
     pub tool_choice: Option<ResponsesToolChoice>,
     #[serde(default)]
@@ -109,7 +111,7 @@ pub enum TextFormat {
         #[serde(default)]
         name: Option<String>,
         #[serde(default)]
-        schema: Option<Value>,
+        schema: Option<Box<RawValue>>,
         #[serde(default)]
         strict: Option<bool>,
     },
@@ -153,6 +155,13 @@ impl ResponsesRequest {
             ));
         }
         let format = self.text.and_then(|t| t.format);
+        if let Some(TextFormat::JsonSchema {
+            schema: Some(schema),
+            ..
+        }) = &format
+        {
+            check_schema_size(schema, "text", "the text.format schema", limits)?;
+        }
         let response_format = match format.clone() {
             None | Some(TextFormat::Text) => None,
             Some(TextFormat::JsonObject) => Some(ResponseFormat::JsonObject),
@@ -174,8 +183,11 @@ impl ResponsesRequest {
                 },
             }),
         };
-        let given_tools = self.tools.unwrap_or_default();
-        let tools = chat_tools(&given_tools)?;
+        let given_tools = read_objects(self.tools.unwrap_or_default(), "tools", "`tools`", limits)?;
+        let tools = chat_tools(&given_tools)?
+            .iter()
+            .map(RawObject::from_map)
+            .collect::<Vec<_>>();
         let (tool_choice, choice_echo) = tool_choice(self.tool_choice)?;
         let forces_call = matches!(&tool_choice, Some(ToolChoiceParam::Named { .. }))
             || matches!(&tool_choice, Some(ToolChoiceParam::Mode(m)) if m == "required");
