@@ -119,7 +119,7 @@ pub fn meter_behaviour(guest: &Guest, profile: &Profile) -> Result<String> {
     guest.ssh.check(&format!(
         "systemctl stop {server}
          systemd-run --quiet --collect --unit=vm-test-meter \
-           systemd-socket-activate --listen=[::]:{port} --accept --inetd \
+           systemd-socket-activate '--listen=[::]:{port}' --accept --inetd \
            /bin/sh -c 'echo {BANNER}; exec sleep 600'
          sleep 2",
         server = paths::SERVER_UNIT,
@@ -239,7 +239,7 @@ pub fn ipv6_and_certificate(ssh: &Ssh, profile: &Profile) -> Result<String> {
     let out = ssh.check(&format!(
         "echo '## listen'; cat /proc/net/tcp6
          echo '## bindv6only'; cat /proc/sys/net/ipv6/bindv6only
-         echo '## health'; curl --silent --insecure --max-time 60 -o /dev/null -w '%{{http_code}}' \
+         echo '## health'; curl --silent --globoff --insecure --max-time 60 -o /dev/null -w '%{{http_code}}' \
            'https://[::1]:{port}/health' || true; echo
          echo '## cert'; cat {cert}",
         cert = paths::TLS_CERT,
