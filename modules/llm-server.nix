@@ -125,8 +125,9 @@ in
       default = shipped.server.limits;
       defaultText = literalExpression "the shipped profile's [server.limits]";
       description = ''
-        Rate limits, connection limit, timeouts, default `max_tokens` and CORS origins, keyed as
-        the profile's `[server.limits]` (see appliance/profiles/e2-micro.toml).
+        Rate limits, connection limits (in all and per client address), header, body, idle,
+        write and lifetime timeouts, grammar and tokenize caps, default `max_tokens` and CORS
+        origins, keyed as the profile's `[server.limits]` (see appliance/profiles/e2-micro.toml).
       '';
     };
 

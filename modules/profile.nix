@@ -30,6 +30,7 @@ let
   anyOf = names: "^(${join "|" names})$";
 
   isIPv4 = cidr: builtins.match ".*:.*" cidr == null;
+  hasPrefix = prefix: s: builtins.substring 0 (builtins.stringLength prefix) s == prefix;
 
   # ICMP that IPv4 needs (path MTU discovery, errors) plus ping; ICMPv6 without which IPv6
   # breaks: errors, packet-too-big, neighbour and router discovery.
@@ -79,6 +80,47 @@ let
 
   ssh = toString network.ssh_port;
   api = toString server.api_port;
+
+  # The API port's per-source meters (appliance/src/render/nftables.rs): a token bucket for new
+  # connections and a count of open ones, per IPv4 address and per IPv6 /64, for the sources
+  # the allowlist admits; beyond them new connections are dropped (and counted) before the
+  # server's accept queue. Sets hold at most 65535 sources each.
+  meterSources = "65535";
+  meterSets = join "" (
+    map (
+      { family, kind }:
+      "\tset api_syn_${family} {\n\t\ttype ${kind}\n\t\tsize ${meterSources}\n\t\tflags dynamic,timeout\n\t\ttimeout 1m\n\t}\n"
+      + "\tset api_conns_${family} {\n\t\ttype ${kind}\n\t\tsize ${meterSources}\n\t\tflags dynamic\n\t}\n"
+    ) [
+      { family = "v4"; kind = "ipv4_addr"; }
+      { family = "v6"; kind = "ipv6_addr"; }
+    ]
+  );
+  synBound = "limit rate over ${toString network.api_syn_per_source_per_sec}/second burst ${toString network.api_syn_burst} packets";
+  connsBound = "ct count over ${toString network.api_connections_per_source}";
+  meterRules = join "" (
+    map (
+      { family, source, admitted }:
+      "\t\ttcp dport ${api} ${admitted} ct state new update @api_syn_${family} { ${source} ${synBound} } counter drop\n"
+      + "\t\ttcp dport ${api} ${admitted} ct state new add @api_conns_${family} { ${source} ${connsBound} } counter drop\n"
+    ) [
+      { family = "v4"; source = "ip saddr"; admitted = "ip saddr @api_v4"; }
+      { family = "v6"; source = "ip6 saddr and ffff:ffff:ffff:ffff::"; admitted = "ip6 saddr @api_v6"; }
+    ]
+  );
+
+  # What the server may not reach (IPAddressDeny=; appliance/src/render/units.rs): IPv4
+  # link-local, where the metadata service hands out the box's secrets, and the profile's
+  # metadata address when it lies elsewhere.
+  serverIpDeny = [
+    "169.254.0.0/16"
+  ]
+  ++ (
+    if hasPrefix "169.254." oci.metadata_address then
+      [ ]
+    else
+      [ "${oci.metadata_address}/${if isIPv4 oci.metadata_address then "32" else "128"}" ]
+  );
 
   # The box's secrets (appliance/src/paths.rs), root-only, provisioned by llm-secrets.service.
   secretsDir = "/var/lib/llm-secrets";
@@ -136,6 +178,7 @@ let
       "AF_INET6"
       "AF_UNIX"
     ];
+    IPAddressDeny = serverIpDeny;
   };
 
   # The jobs that talk to the metadata service: root, but without capabilities, nothing
@@ -162,10 +205,11 @@ in
     sizeBytes = model.size_bytes;
   };
 
-  # `services.llm-server` settings: the appliance serves on every address, the allowlist in
+  # `services.llm-server` settings: the appliance serves on every address of both families
+  # (`::` takes IPv4 too, as v4-mapped addresses: net.ipv6.bindv6only is 0), the allowlist in
   # `nftablesRuleset` decides who may connect.
   server = {
-    host = "0.0.0.0";
+    host = "::";
     port = server.api_port;
     contextSize = server.ctx_size;
     parallel = server.parallel;
@@ -257,7 +301,7 @@ in
     flush ruleset
 
     table inet appliance {
-    ${addressSets}
+    ${addressSets}${meterSets}
     	chain input {
     		type filter hook input priority filter; policy drop;
     		iif "lo" accept
@@ -270,7 +314,7 @@ in
     		ip6 saddr fe80::/10 udp sport 547 udp dport 546 accept
     		tcp dport ${ssh} ip saddr @ssh_v4 accept
     		tcp dport ${ssh} ip6 saddr @ssh_v6 accept
-    		tcp dport ${api} ip saddr @api_v4 accept
+    ${meterRules}		tcp dport ${api} ip saddr @api_v4 accept
     		tcp dport ${api} ip6 saddr @api_v6 accept
     	}
 

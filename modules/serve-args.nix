@@ -39,6 +39,22 @@
   (toString limits.default_max_tokens)
   "--engine-stall-timeout"
   (toString limits.engine_stall_sec)
+  "--max-connections-per-ip"
+  (toString limits.max_connections_per_ip)
+  "--idle-timeout"
+  (toString limits.idle_timeout_sec)
+  "--write-timeout"
+  (toString limits.write_timeout_sec)
+  "--max-connection-age"
+  (toString limits.max_connection_age_sec)
+  "--max-grammar-bytes"
+  (toString limits.max_grammar_bytes)
+  "--max-tokenize-bytes"
+  (toString limits.max_tokenize_bytes)
+  "--grammar-timeout"
+  (toString limits.grammar_timeout_sec)
+  "--grammar-compiles"
+  (toString limits.grammar_compiles)
 ]
 ++ builtins.concatLists (
   map (origin: [

@@ -4,9 +4,8 @@
 # are the host's; the OCI disk image itself is booted by `cargo xtask vm-test --image`).
 { module }:
 let
-  v = import ../modules/profile.nix (
-    builtins.fromTOML (builtins.readFile ../appliance/profiles/e2-micro.toml)
-  );
+  profile = builtins.fromTOML (builtins.readFile ../appliance/profiles/e2-micro.toml);
+  v = import ../modules/profile.nix profile;
   port = toString v.server.port;
   # The test driver kills the whole test after `globalTimeout` seconds, 3600 by default
   # (nixpkgs nixos/lib/testing/driver.nix). The script's waits add up to more under TCG: the
@@ -86,6 +85,18 @@ in
         assert "tcp dport ${port} ip saddr @api_v4 accept" in table, table
         tables = machine.succeed("nft list tables").split("\n")
         assert [t for t in tables if t] == ["table inet appliance"], tables
+        # The API port's per-source meters (appliance/src/render/nftables.rs), with the
+        # profile's numbers, before the API's accept rules.
+        meters = [l.strip() for l in table.splitlines() if "@api_syn_" in l or "@api_conns_" in l]
+        assert len(meters) == 4, table
+        for line in meters:
+            assert line.startswith("tcp dport ${port} ") and line.endswith(" drop"), line
+        assert "ct count over ${toString profile.network.api_connections_per_source} }" in table, table
+        assert table.index("@api_conns_v6 {") < table.index("tcp dport ${port} ip saddr @api_v4 accept"), table
+
+    with subtest("the server cannot reach the metadata service"):
+        deny = machine.succeed("systemctl show llm-server --property=IPAddressDeny --value").split()
+        assert "169.254.0.0/16" in deny, deny
 
     with subtest("the server's unit limits"):
         limits = json.loads('${builtins.toJSON v.serverUnit.limits}')

@@ -1,6 +1,7 @@
 //! The OCI instance metadata service (IMDS v2), as much of it as the appliance uses: the SSH keys
-//! given at launch and, in the boot that tests it, the API keys (`llm_api_keys`); every other
-//! key answers 404, as OCI does for metadata the launch did not give. QEMU's `guestfwd` runs `vm-tests imds-respond` once per guest connection to
+//! given at launch, the instance's VNIC (its private IP) and, in the boot that tests it, the API
+//! keys (`llm_api_keys`); every other key answers 404, as OCI does for metadata the launch did
+//! not give. QEMU's `guestfwd` runs `vm-tests imds-respond` once per guest connection to
 //! 169.254.169.254:80, with the connection on its stdin and stdout.
 
 use std::io::{BufRead, Write};
@@ -10,6 +11,11 @@ use std::path::Path;
 pub const KEYS_PATH: &str = "/opc/v2/instance/metadata/ssh_authorized_keys";
 /// The path of the user-defined metadata the appliance takes its API keys from.
 pub const API_KEYS_PATH: &str = "/opc/v2/instance/metadata/llm_api_keys";
+/// The instance's VNICs; the appliance names the first one's private IP in its certificate.
+pub const VNICS_PATH: &str = appliance::secrets::VNICS_PATH;
+/// The guest's address on QEMU's user network (169.254.0.0/16, see qemu.rs): its DHCP server
+/// hands out the network's 15th address first, as OCI's VNIC has its private IP.
+pub const GUEST_PRIVATE_IP: &str = "169.254.0.15";
 /// IMDS v2 refuses requests without this header (v1's unauthenticated paths are disabled on
 /// current OCI images, so the appliance must not rely on them).
 const AUTHORIZATION: &str = "Bearer Oracle";
@@ -62,9 +68,13 @@ fn answer(head: &str, keys: &str, api_keys: Option<&str>) -> (&'static str, Stri
             name.trim().eq_ignore_ascii_case("authorization") && value.trim() == AUTHORIZATION
         })
     });
+    let vnics = format!(
+        "[{{\"vnicId\": \"ocid1.vnic.oc1..vmtest\", \"privateIp\": \"{GUEST_PRIVATE_IP}\"}}]\n"
+    );
     let served = match path {
         Some(KEYS_PATH) => Some(keys),
         Some(API_KEYS_PATH) => api_keys,
+        Some(VNICS_PATH) => Some(vnics.as_str()),
         _ => None,
     };
     match (method, served) {
@@ -139,6 +149,18 @@ mod tests {
             None,
         );
         assert_eq!(status, "404 Not Found");
+    }
+
+    #[test]
+    fn serves_the_vnic_the_appliance_reads_its_private_ip_from() {
+        let (out, _) = exchange(&format!(
+            "GET {VNICS_PATH} HTTP/1.1\r\nAuthorization: Bearer Oracle\r\n\r\n"
+        ));
+        let body = out.split_once("\r\n\r\n").unwrap().1;
+        assert_eq!(
+            appliance::secrets::primary_private_ip(body).unwrap(),
+            GUEST_PRIVATE_IP.parse::<std::net::IpAddr>().unwrap()
+        );
     }
 
     #[test]

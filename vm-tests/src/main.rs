@@ -262,9 +262,13 @@ fn checks_on_max_cpu(
         "answers",
         "memory-policy",
         "firewall",
+        "api-meters",
+        "metadata-denied-to-server",
+        "ipv6-and-certificate",
         "headroom",
         "footprint",
         "memory-pressure",
+        "api-meter-drops",
     ];
     let Some(guest) = started.filter(|_| booted) else {
         for name in names {
@@ -304,6 +308,15 @@ fn checks_on_max_cpu(
         checks::policy::run(&guest.ssh, profile)
     })?;
     suite.check("firewall", console, || checks::firewall::run(&guest))?;
+    suite.check("api-meters", console, || {
+        checks::edge::meters_loaded(&guest.ssh, profile)
+    })?;
+    suite.check("metadata-denied-to-server", console, || {
+        checks::edge::metadata_denied(&guest.ssh, profile)
+    })?;
+    suite.check("ipv6-and-certificate", console, || {
+        checks::edge::ipv6_and_certificate(&guest.ssh, profile)
+    })?;
     // Before the pressure test, which leaves memory in a different state.
     suite.check("headroom", console, || {
         checks::headroom::run(&guest.ssh, profile)
@@ -314,6 +327,10 @@ fn checks_on_max_cpu(
     })?;
     suite.check("memory-pressure", console, || {
         checks::pressure::run(&guest.ssh, &guest.api)
+    })?;
+    // Last: it stops the server to hold the API port with a listener of its own.
+    suite.check("api-meter-drops", console, || {
+        checks::edge::meter_behaviour(&guest, profile)
     })?;
     Ok(())
 }

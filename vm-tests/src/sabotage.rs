@@ -16,6 +16,11 @@ pub enum Policy {
     Firewall,
     /// llm-server's MemoryMax lifted: `memory-policy` must fail.
     UnitLimits,
+    /// The API port's per-source meters deleted from the ruleset: `api-meters` and
+    /// `api-meter-drops` must fail.
+    Meters,
+    /// The server unit's IPAddressDeny cleared: `metadata-denied-to-server` must fail.
+    MetadataDeny,
     /// RestartPreventExitStatus cleared and the server started again on the old CPU:
     /// `no-avx2-refusal` must fail.
     RestartPrevention,
@@ -33,6 +38,13 @@ impl Policy {
             Policy::Earlyoom => "systemctl stop earlyoom",
             Policy::Firewall => "nft flush ruleset",
             Policy::UnitLimits => "systemctl set-property --runtime llm-server MemoryMax=infinity",
+            Policy::Meters => {
+                "for handle in $(nft -a list chain inet appliance input \
+                   | grep -E '@api_(syn|conns)_v[46] [{]' | sed 's/.*# handle //'); do
+                   nft delete rule inet appliance input handle $handle
+                 done"
+            }
+            Policy::MetadataDeny => "systemctl set-property --runtime llm-server IPAddressDeny=",
             Policy::RestartPrevention => {
                 "mkdir -p /run/systemd/system/llm-server.service.d
                  printf '[Service]\\nRestartPreventExitStatus=\\n' \

@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use crate::profile::Profile;
 use crate::secrets::{parse_keys, Files};
-use crate::tls::Fingerprint;
+use crate::tls::{self, Fingerprint};
 
 use super::{Check, Host};
 
@@ -72,9 +72,29 @@ fn certificate(profile: &Profile, files: &Files) -> Check {
         .map_err(|e| format!("cannot read {}: {e}", files.tls_cert.display()))
         .and_then(|pem| Fingerprint::of_pem(&pem))
         .and_then(|f| private(&files.tls_key).map(|()| f));
-    match fingerprint {
-        Ok(f) => Check::ok(NAME, format!("certificate SHA-256 fingerprint {f}")),
-        Err(e) => Check::fail(NAME, e, HINT),
+    let f = match fingerprint {
+        Ok(f) => f,
+        Err(e) => return Check::fail(NAME, e, HINT),
+    };
+    let info = std::fs::read(&files.tls_cert)
+        .map_err(|e| e.to_string())
+        .and_then(|pem| tls::inspect(&pem));
+    let info = match info {
+        Ok(info) => info,
+        Err(e) => return Check::fail(NAME, format!("{}: {e}", files.tls_cert.display()), HINT),
+    };
+    let until = time::OffsetDateTime::from_unix_timestamp(info.not_after)
+        .map(|t| t.date().to_string())
+        .unwrap_or_else(|_| info.not_after.to_string());
+    let detail = format!("certificate SHA-256 fingerprint {f}, valid until {until}");
+    match info.renewal_due(std::time::SystemTime::now()) {
+        None => Check::ok(NAME, detail),
+        Some(why) => Check::warn(
+            NAME,
+            format!("{detail}: {why}"),
+            "`systemctl restart llm-secrets llm-server` makes a new one (clients pin the new \
+             fingerprint)",
+        ),
     }
 }
 

@@ -69,6 +69,18 @@ pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
             n.ssh_port
         ));
     }
+    // The server sheds a source's connections beyond its own cap with an answer naming the
+    // limit; the kernel's meter drops silently. It is the backstop, so it must not bind first.
+    let per_ip = profile.server.limits.max_connections_per_ip;
+    if n.api_connections_per_source < per_ip {
+        p.push(format!(
+            "network.api_connections_per_source = {} is below \
+             server.limits.max_connections_per_ip = {per_ip}: nftables would drop a client's \
+             connections before the server can answer it naming the limit; raise it to at \
+             least {per_ip}",
+            n.api_connections_per_source
+        ));
+    }
     keys_and_tls(profile, p);
 
     let metadata = profile.oci.metadata_address;

@@ -99,7 +99,8 @@ pub struct Server {
 #[serde(rename_all = "kebab-case")]
 pub enum ApiKeys {
     /// The instance metadata's `llm_api_keys` (one key per line) at every boot when the launch
-    /// gives it, else a key generated at first boot and kept.
+    /// gives it, else a key generated at first boot and kept. Keys taken from the metadata are
+    /// dropped (and a key generated) by a boot whose metadata no longer gives them.
     Metadata,
     /// A key generated at first boot and kept; the metadata is not asked.
     Generate,
@@ -114,7 +115,8 @@ pub enum Tls {
     /// The metadata's `llm_tls_cert` and `llm_tls_key` (PEM) at every boot when the launch gives
     /// both, else a self-signed certificate made at first boot and kept.
     Metadata,
-    /// A self-signed certificate made at first boot and kept; the metadata is not asked.
+    /// A self-signed certificate made at first boot and kept; the metadata is asked only for
+    /// the instance's private address, which the certificate names.
     SelfSigned,
     /// Plain HTTP. Only for non-public `api_cidrs`.
     None,
@@ -157,6 +159,25 @@ pub struct Limits {
     pub engine_stall_sec: u32,
     /// Origins a browser may call the API from (`--cors-origin`; empty = CORS off).
     pub cors_origins: Vec<String>,
+    /// Open connections one client address may hold (IPv6: one /64); beyond it the server
+    /// closes new ones at once (`--max-connections-per-ip`). Below `max_connections`, so no
+    /// single source can take every connection.
+    pub max_connections_per_ip: u32,
+    /// Seconds a kept-alive connection may sit idle between requests (`--idle-timeout`).
+    pub idle_timeout_sec: u32,
+    /// Seconds an answer may wait for the client to read it before the connection is dropped
+    /// (`--write-timeout`): a client that never reads cannot pin a connection.
+    pub write_timeout_sec: u32,
+    /// Seconds a connection may live in all, however busy (`--max-connection-age`).
+    pub max_connection_age_sec: u32,
+    /// Bytes of a request's `grammar` at most (`--max-grammar-bytes`).
+    pub max_grammar_bytes: u32,
+    /// Bytes of text `/tokenize` and `/detokenize` take or give at most (`--max-tokenize-bytes`).
+    pub max_tokenize_bytes: u32,
+    /// Seconds one grammar or schema may take to compile (`--grammar-timeout`).
+    pub grammar_timeout_sec: u32,
+    /// Grammar compiles that may run at once (`--grammar-compiles`).
+    pub grammar_compiles: u32,
 }
 
 /// The server unit's cgroup limits, in MiB.
@@ -196,6 +217,13 @@ pub struct Network {
     pub ssh_cidrs: Vec<Cidr>,
     pub api_cidrs: Vec<Cidr>,
     pub egress_cidrs: Vec<Cidr>,
+    /// Connections to the API port one source (an IPv4 address, an IPv6 /64) may have open in
+    /// the kernel's connection tracking; nftables drops its new ones beyond it.
+    pub api_connections_per_source: u32,
+    /// New connections per second to the API port one source may open, and how many back to
+    /// back before that rate applies; nftables drops the SYNs beyond them.
+    pub api_syn_per_source_per_sec: u32,
+    pub api_syn_burst: u32,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -436,6 +464,45 @@ impl Limits {
                 self.default_max_tokens
             ));
         }
+        for (key, secs) in [
+            ("idle_timeout_sec", self.idle_timeout_sec),
+            ("write_timeout_sec", self.write_timeout_sec),
+            ("max_connection_age_sec", self.max_connection_age_sec),
+            ("grammar_timeout_sec", self.grammar_timeout_sec),
+        ] {
+            if !(1..=TIMEOUT_SEC_MAX).contains(&secs) {
+                p.push(format!(
+                    "server.limits.{key} = {secs} must be 1 to {TIMEOUT_SEC_MAX} seconds"
+                ));
+            }
+        }
+        if self.max_connection_age_sec < self.idle_timeout_sec {
+            p.push(format!(
+                "server.limits.max_connection_age_sec = {} is shorter than idle_timeout_sec = {}: \
+                 a connection's whole life would end before its idle limit; raise it",
+                self.max_connection_age_sec, self.idle_timeout_sec
+            ));
+        }
+        if self.max_connections_per_ip == 0 || self.max_connections_per_ip >= self.max_connections {
+            p.push(format!(
+                "server.limits.max_connections_per_ip = {} must be 1 to max_connections - 1 ({}): \
+                 one client address must not be able to take every connection",
+                self.max_connections_per_ip,
+                self.max_connections.saturating_sub(1)
+            ));
+        }
+        for (key, n) in [
+            ("max_grammar_bytes", self.max_grammar_bytes),
+            ("max_tokenize_bytes", self.max_tokenize_bytes),
+            ("grammar_compiles", self.grammar_compiles),
+        ] {
+            if n == 0 {
+                p.push(format!(
+                    "server.limits.{key} = 0 would refuse every request that needs it: give at \
+                     least 1"
+                ));
+            }
+        }
         for origin in &self.cors_origins {
             if !is_origin(origin) {
                 p.push(format!(
@@ -547,6 +614,23 @@ impl Network {
     fn problems(&self, p: &mut Vec<String>) {
         if self.ssh_cidrs.is_empty() {
             p.push("network.ssh_cidrs is empty: nobody could log in; list the admin networks (`0.0.0.0/0` for any)".into());
+        }
+        for (key, n) in [
+            (
+                "api_connections_per_source",
+                self.api_connections_per_source,
+            ),
+            (
+                "api_syn_per_source_per_sec",
+                self.api_syn_per_source_per_sec,
+            ),
+            ("api_syn_burst", self.api_syn_burst),
+        ] {
+            if n == 0 {
+                p.push(format!(
+                    "network.{key} = 0 would drop every connection to the API: give at least 1"
+                ));
+            }
         }
     }
 }

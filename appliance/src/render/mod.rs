@@ -21,7 +21,7 @@ pub use exec::command_line;
 pub use memory::earlyoom_args;
 pub use units::{
     credential_args, credentials, memory_baseline_command, metadata_job_confinement,
-    secrets_command, server_args, ssh_keys_commands,
+    secrets_command, server_args, server_ip_deny, ssh_keys_commands, SERVER_HOST,
 };
 
 /// One rendered file: where it goes on the box, its mode, and its text.

@@ -37,10 +37,15 @@ pub fn credential_args(profile: &Profile) -> Vec<String> {
         .collect()
 }
 
+/// Where the appliance's server listens: every address of both families. On Linux a socket on
+/// `::` also takes IPv4 connections (as v4-mapped addresses, which the server counts per IPv4
+/// address) unless `net.ipv6.bindv6only` is set, which neither image does; so the API rule's
+/// `::/0` is served, not only promised. The nftables allowlist decides who may connect.
+pub const SERVER_HOST: &str = "::";
+
 /// The arguments of `llm-server serve` (server/src/cli/serve.rs), one word each, as
 /// modules/serve-args.nix gives them to the NixOS module; the credentials' flags follow them
-/// ([`credential_args`]). The appliance serves on every address; the nftables allowlist decides
-/// who may connect.
+/// ([`credential_args`]).
 pub fn server_args(profile: &Profile) -> Vec<String> {
     let s = &profile.server;
     let l = &s.limits;
@@ -49,7 +54,7 @@ pub fn server_args(profile: &Profile) -> Vec<String> {
         "--model".to_owned(),
         profile.model_path(),
         "--host".to_owned(),
-        "0.0.0.0".to_owned(),
+        SERVER_HOST.to_owned(),
         "--port".to_owned(),
         s.api_port.to_string(),
         "--ctx-size".to_owned(),
@@ -66,6 +71,14 @@ pub fn server_args(profile: &Profile) -> Vec<String> {
         ("--body-timeout", l.body_timeout_sec),
         ("--default-max-tokens", l.default_max_tokens),
         ("--engine-stall-timeout", l.engine_stall_sec),
+        ("--max-connections-per-ip", l.max_connections_per_ip),
+        ("--idle-timeout", l.idle_timeout_sec),
+        ("--write-timeout", l.write_timeout_sec),
+        ("--max-connection-age", l.max_connection_age_sec),
+        ("--max-grammar-bytes", l.max_grammar_bytes),
+        ("--max-tokenize-bytes", l.max_tokenize_bytes),
+        ("--grammar-timeout", l.grammar_timeout_sec),
+        ("--grammar-compiles", l.grammar_compiles),
     ] {
         args.extend([flag.to_owned(), value.to_string()]);
     }
@@ -154,7 +167,7 @@ WantedBy=multi-user.target
         low = m.low_mib,
         high = m.high_mib,
         max = m.max_mib,
-        confinement = settings(&server_confinement()),
+        confinement = settings(&server_confinement(profile)),
     )
 }
 
@@ -280,13 +293,34 @@ fn confinement_with(extra: &[(&'static str, String)]) -> Vec<(&'static str, Stri
 }
 
 /// The server's: an unprivileged dynamic user with no home, sockets for its clients and for
-/// sd_notify.
-fn server_confinement() -> Vec<(&'static str, String)> {
+/// sd_notify, and no way to the metadata service ([`server_ip_deny`]).
+fn server_confinement(profile: &Profile) -> Vec<(&'static str, String)> {
     confinement_with(&[
         ("DynamicUser", "yes".into()),
         ("ProtectHome", "yes".into()),
         ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX".into()),
+        ("IPAddressDeny", server_ip_deny(profile).join(" ")),
     ])
+}
+
+/// IPv4 link-local, where cloud metadata services live (OCI's at 169.254.169.254).
+pub const LINK_LOCAL_V4: &str = "169.254.0.0/16";
+
+/// What the server may not talk to (`IPAddressDeny=`, enforced by systemd's cgroup BPF filter
+/// for every process of the unit): the metadata service, which hands out the box's API keys and
+/// TLS key to whoever asks from the box, so a server tricked into a request (or compromised)
+/// cannot fetch them. All of IPv4 link-local, and the profile's metadata address when it lies
+/// elsewhere. IPv6 link-local (fe80::/10) stays open: OCI's metadata service is IPv4-only, and
+/// the kernel's neighbour discovery is not the unit's traffic.
+pub fn server_ip_deny(profile: &Profile) -> Vec<String> {
+    let link_local: crate::cidr::Cidr = LINK_LOCAL_V4.parse().expect("a valid CIDR");
+    let metadata = profile.oci.metadata_address;
+    let mut deny = vec![LINK_LOCAL_V4.to_owned()];
+    if !link_local.contains(metadata) {
+        let bits = if metadata.is_ipv4() { 32 } else { 128 };
+        deny.push(format!("{metadata}/{bits}"));
+    }
+    deny
 }
 
 /// The confinement of the first-boot jobs that talk to the metadata service

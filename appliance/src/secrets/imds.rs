@@ -16,6 +16,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The metadata path of user-defined keys under the service's base URL.
 const METADATA_PATH: &str = "/opc/v2/instance/metadata";
+/// The instance's VNICs (JSON, the primary first), whose `privateIp` the certificate names.
+pub const VNICS_PATH: &str = "/opc/v2/vnics/";
 
 pub struct Imds {
     /// `http://169.254.169.254` on OCI.
@@ -55,9 +57,11 @@ fn base(address: IpAddr) -> String {
     }
 }
 
-impl Metadata for Imds {
-    fn get(&self, key: &str) -> Result<Option<String>, String> {
-        let url = format!("{}{METADATA_PATH}/{key}", self.base);
+impl Imds {
+    /// GET `path`: its body, `None` on 404, an error when the service cannot be reached or
+    /// answers otherwise (after [`TRIES`]).
+    fn fetch(&self, path: &str) -> Result<Option<String>, String> {
+        let url = format!("{}{path}", self.base);
         let mut last = String::new();
         for attempt in 1..=TRIES {
             if attempt > 1 {
@@ -85,4 +89,30 @@ impl Metadata for Imds {
         }
         Err(format!("{last} (after {TRIES} tries)"))
     }
+}
+
+impl Metadata for Imds {
+    fn get(&self, key: &str) -> Result<Option<String>, String> {
+        self.fetch(&format!("{METADATA_PATH}/{key}"))
+    }
+
+    fn private_ip(&self) -> Result<Option<IpAddr>, String> {
+        match self.fetch(VNICS_PATH)? {
+            None => Ok(None),
+            Some(json) => primary_private_ip(&json).map(Some),
+        }
+    }
+}
+
+/// The first VNIC's `privateIp` in the service's answer (`[{"privateIp": "10.0.0.2", ...}]`).
+pub fn primary_private_ip(json: &str) -> Result<IpAddr, String> {
+    let vnics: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("{VNICS_PATH} is not JSON: {e}"))?;
+    let ip = vnics
+        .get(0)
+        .and_then(|v| v.get("privateIp"))
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("{VNICS_PATH} names no privateIp"))?;
+    ip.parse()
+        .map_err(|e| format!("{VNICS_PATH}: privateIp `{ip}`: {e}"))
 }

@@ -6,17 +6,19 @@
 mod imds;
 
 use std::io::Write;
+use std::net::IpAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::PrivateKeyDer;
 
 use crate::paths;
 use crate::profile::{ApiKeys, Profile, Tls};
-use crate::tls::Fingerprint;
+use crate::tls::{self, Fingerprint};
 
-pub use imds::Imds;
+pub use imds::{primary_private_ip, Imds, VNICS_PATH};
 
 /// The user-defined metadata keys the box reads (OCI: "Custom metadata" at launch).
 pub const METADATA_API_KEYS: &str = "llm_api_keys";
@@ -33,9 +35,19 @@ const KEY_BYTES: usize = 32;
 const KEY_MIN_CHARS: usize = 16;
 const KEY_MAX_CHARS: usize = 512;
 
-/// Where the instance metadata is read from: `Ok(None)` when the launch did not give `key`.
+/// The first line of the key file says where its keys came from, so that a later boot knows
+/// whether they were the metadata's (and go once the metadata stops giving them) or the box's
+/// own. The server, the doctor and [`parse_keys`] skip `#` lines.
+pub const GENERATED_KEYS_HEADER: &str = "# generated on this box by `appliance secrets`";
+pub const METADATA_KEYS_HEADER: &str = "# from the instance metadata's `llm_api_keys`";
+
+/// Where the instance metadata is read from. `Err` only when the service could not be asked
+/// (unreachable, or answering errors): a service that answers "not given" is `Ok(None)`.
 pub trait Metadata {
+    /// The user-defined metadata `key`; `Ok(None)` when the launch did not give it.
     fn get(&self, key: &str) -> Result<Option<String>, String>;
+    /// The instance's private address (its primary VNIC's); `Ok(None)` when not known.
+    fn private_ip(&self) -> Result<Option<IpAddr>, String>;
 }
 
 /// Where one secret came from on this run.
@@ -43,7 +55,11 @@ pub trait Metadata {
 pub enum Source {
     Metadata,
     Generated,
-    /// Made on an earlier boot.
+    /// Made on this run in place of one the box must no longer use: keys or a certificate an
+    /// earlier boot took from the metadata, which no longer gives them, or a certificate near
+    /// its end.
+    Replaced,
+    /// From an earlier boot.
     Kept,
     /// The profile turns it off.
     Off,
@@ -83,13 +99,23 @@ pub fn provision(
     files: &Files,
     metadata: &dyn Metadata,
 ) -> Result<Provisioned, String> {
+    provision_at(profile, files, metadata, SystemTime::now())
+}
+
+/// [`provision`] with the clock at `now` (for a certificate's validity).
+pub fn provision_at(
+    profile: &Profile,
+    files: &Files,
+    metadata: &dyn Metadata,
+    now: SystemTime,
+) -> Result<Provisioned, String> {
     let mut log = Vec::new();
     let metadata = Remembering {
         inner: metadata,
         down: std::cell::RefCell::new(None),
     };
     let keys = api_keys(profile.server.api_keys, files, &metadata, &mut log)?;
-    let tls = certificate(profile, files, &metadata, &mut log)?;
+    let tls = certificate(profile, files, &metadata, now, &mut log)?;
     let fingerprint = if tls == Source::Off {
         None
     } else {
@@ -117,12 +143,12 @@ struct Remembering<'a> {
     down: std::cell::RefCell<Option<String>>,
 }
 
-impl Metadata for Remembering<'_> {
-    fn get(&self, key: &str) -> Result<Option<String>, String> {
+impl Remembering<'_> {
+    fn remember<T>(&self, ask: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
         if let Some(e) = self.down.borrow().as_ref() {
             return Err(e.clone());
         }
-        let got = self.inner.get(key);
+        let got = ask();
         if let Err(e) = &got {
             *self.down.borrow_mut() = Some(e.clone());
         }
@@ -130,24 +156,60 @@ impl Metadata for Remembering<'_> {
     }
 }
 
-/// Asks the metadata for `key` when the profile allows it; an unreachable service is logged
-/// and treated as not given, so the box still comes up with secrets of its own.
-fn ask(metadata: &dyn Metadata, key: &str, log: &mut Vec<String>) -> Option<String> {
+impl Metadata for Remembering<'_> {
+    fn get(&self, key: &str) -> Result<Option<String>, String> {
+        self.remember(|| self.inner.get(key))
+    }
+
+    fn private_ip(&self) -> Result<Option<IpAddr>, String> {
+        self.remember(|| self.inner.private_ip())
+    }
+}
+
+/// What the metadata said about one key.
+enum Answer {
+    Given(String),
+    /// The service answered: the launch does not give it (any more).
+    Absent,
+    /// The service could not be asked; nothing is known about the key.
+    Unreachable,
+}
+
+/// Asks the metadata for `key`, logging what it said: an unreachable service is not an answer,
+/// so the caller keeps what the box has rather than acting as if the key were gone.
+fn ask(metadata: &dyn Metadata, key: &str, log: &mut Vec<String>) -> Answer {
     match metadata.get(key) {
-        Ok(value) => {
-            if value.is_none() {
-                log.push(format!("the instance metadata has no `{key}`"));
-            }
-            value
+        Ok(Some(value)) => Answer::Given(value),
+        Ok(None) => {
+            log.push(format!("the instance metadata has no `{key}`"));
+            Answer::Absent
         }
         Err(e) => {
             log.push(format!(
-                "WARNING: could not read `{key}` from the instance metadata ({e}); using the \
-                 box's own"
+                "WARNING: could not reach the instance metadata for `{key}` ({e})"
             ));
-            None
+            Answer::Unreachable
         }
     }
+}
+
+/// Where the keys in the key file came from, by its first line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeysOrigin {
+    Generated,
+    Metadata,
+    /// No header: written by hand or by an older appliance. Treated like the metadata's: the
+    /// box cannot vouch for them.
+    Unknown,
+}
+
+fn keys_origin(path: &Path) -> Option<KeysOrigin> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(match text.lines().next().map(str::trim) {
+        Some(GENERATED_KEYS_HEADER) => KeysOrigin::Generated,
+        Some(METADATA_KEYS_HEADER) => KeysOrigin::Metadata,
+        _ => KeysOrigin::Unknown,
+    })
 }
 
 fn api_keys(
@@ -162,34 +224,87 @@ fn api_keys(
         );
         return Ok(Source::Off);
     }
-    if mode == ApiKeys::Metadata {
-        if let Some(text) = ask(metadata, METADATA_API_KEYS, log) {
+    let path = files.api_keys.display();
+    let existing = keys_origin(&files.api_keys);
+    let answer = match mode {
+        ApiKeys::Metadata => ask(metadata, METADATA_API_KEYS, log),
+        // Not asked: as if the launch gave none.
+        _ => Answer::Absent,
+    };
+    match (answer, existing) {
+        (Answer::Given(text), _) => {
             let keys = parse_keys(&text)?;
-            write_private(&files.api_keys, &(keys.join("\n") + "\n"))?;
+            write_private(
+                &files.api_keys,
+                &format!("{METADATA_KEYS_HEADER}\n{}\n", keys.join("\n")),
+            )?;
             log.push(format!(
-                "{} API key(s) from the metadata's `{METADATA_API_KEYS}` in {}",
+                "{} API key(s) from the metadata's `{METADATA_API_KEYS}` in {path}",
                 keys.len(),
-                files.api_keys.display()
             ));
-            return Ok(Source::Metadata);
+            Ok(Source::Metadata)
+        }
+        (Answer::Unreachable, Some(origin)) => {
+            let whose = match origin {
+                KeysOrigin::Generated => "generated on this box",
+                KeysOrigin::Metadata => "from the metadata",
+                KeysOrigin::Unknown => "of unknown origin",
+            };
+            log.push(format!(
+                "WARNING: keeping the API key(s) of an earlier boot ({whose}) in {path} until \
+                 the metadata can be read: `systemctl restart llm-secrets llm-server` asks again"
+            ));
+            Ok(Source::Kept)
+        }
+        (Answer::Absent, Some(KeysOrigin::Generated)) => {
+            log.push(format!(
+                "API key kept from an earlier boot (generated on this box) in {path}"
+            ));
+            Ok(Source::Kept)
+        }
+        (Answer::Absent, Some(origin)) => {
+            let why = match (mode, origin) {
+                (ApiKeys::Metadata, KeysOrigin::Metadata) => format!(
+                    "the instance metadata no longer gives `{METADATA_API_KEYS}`: the key(s) an \
+                     earlier boot took from it are revoked"
+                ),
+                (ApiKeys::Metadata, _) => format!(
+                    "the instance metadata gives no `{METADATA_API_KEYS}` and the key(s) in \
+                     {path} were not made on this box: they are revoked"
+                ),
+                _ => format!(
+                    "server.api_keys = \"generate\" and the key(s) in {path} were not made on \
+                     this box: they are revoked"
+                ),
+            };
+            let key = generate_key(files)?;
+            log.push(format!(
+                "WARNING: {why}; generated a new 256-bit API key ({}...) in {path}: clients \
+                 need it now (`appliance doctor` prints it)",
+                &key[..8]
+            ));
+            Ok(Source::Replaced)
+        }
+        (Answer::Absent | Answer::Unreachable, None) => {
+            generate_key(files)?;
+            log.push(format!(
+                "generated a 256-bit API key in {path} (`appliance doctor` prints it)"
+            ));
+            Ok(Source::Generated)
         }
     }
-    if files.api_keys.exists() {
-        log.push(format!(
-            "API key kept from an earlier boot in {}",
-            files.api_keys.display()
-        ));
-        return Ok(Source::Kept);
-    }
+}
+
+/// Writes a fresh 256-bit key (hex) to the key file, marked as made here; returns it.
+fn generate_key(files: &Files) -> Result<String, String> {
     let mut bytes = [0u8; KEY_BYTES];
     getrandom::fill(&mut bytes).map_err(|e| format!("getrandom failed: {e}"))?;
     let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    write_private(&files.api_keys, &format!("{key}\n"))?;
-    log.push(format!(
-        "generated a 256-bit API key in {} (`appliance doctor` prints it)",
-        files.api_keys.display()
-    ));
-    Ok(Source::Generated)
+    write_private(
+        &files.api_keys,
+        &format!("{GENERATED_KEYS_HEADER}\n{key}\n"),
+    )?;
+    Ok(key)
 }
 
 /// The keys of a key list as the server reads it: one a line, blank lines and `#` comments
@@ -225,6 +340,7 @@ fn certificate(
     profile: &Profile,
     files: &Files,
     metadata: &dyn Metadata,
+    now: SystemTime,
     log: &mut Vec<String>,
 ) -> Result<Source, String> {
     let mode = profile.server.tls;
@@ -232,11 +348,14 @@ fn certificate(
         log.push("WARNING: server.tls = \"none\": the API is plain HTTP".into());
         return Ok(Source::Off);
     }
+    // Whether the metadata answered that it gives no certificate (as good as asked, for
+    // "self-signed"): a certificate an earlier boot took from it must then go.
+    let mut metadata_gives_none = mode == Tls::SelfSigned;
     if mode == Tls::Metadata {
         let cert = ask(metadata, METADATA_TLS_CERT, log);
         let key = ask(metadata, METADATA_TLS_KEY, log);
         match (cert, key) {
-            (Some(cert), Some(key)) => {
+            (Answer::Given(cert), Answer::Given(key)) => {
                 Fingerprint::of_pem(cert.as_bytes()).map_err(|e| {
                     format!("the metadata's `{METADATA_TLS_CERT}` is not a certificate: {e}; give the PEM file")
                 })?;
@@ -251,7 +370,8 @@ fn certificate(
                 ));
                 return Ok(Source::Metadata);
             }
-            (None, None) => {}
+            (Answer::Absent, Answer::Absent) => metadata_gives_none = true,
+            (Answer::Unreachable, _) | (_, Answer::Unreachable) => {}
             _ => {
                 return Err(format!(
                     "the metadata gives only one of `{METADATA_TLS_CERT}` and \
@@ -261,25 +381,66 @@ fn certificate(
             }
         }
     }
+    let path = files.tls_cert.display();
+    let mut replacing = None;
     if files.tls_cert.exists() && files.tls_key.exists() {
-        log.push(format!(
-            "TLS certificate kept from an earlier boot in {}",
-            files.tls_cert.display()
-        ));
-        return Ok(Source::Kept);
+        let kept = read(&files.tls_cert)?;
+        match tls::inspect(kept.as_bytes()) {
+            Ok(info) if !info.made_here && metadata_gives_none => {
+                replacing = Some(format!(
+                    "the certificate in {path} came from the metadata's `{METADATA_TLS_CERT}`, \
+                     which no longer gives one"
+                ));
+            }
+            Ok(info) => match info.renewal_due(now) {
+                Some(why) => replacing = Some(format!("the certificate in {path}: {why}")),
+                None => {
+                    log.push(format!(
+                        "TLS certificate kept from an earlier boot in {path}"
+                    ));
+                    return Ok(Source::Kept);
+                }
+            },
+            Err(e) => {
+                replacing = Some(format!("the certificate in {path} cannot be read: {e}"));
+            }
+        }
     }
-    let names = vec![profile.machine.hostname.clone(), "localhost".to_owned()];
-    let made = rcgen::generate_simple_self_signed(names)
-        .map_err(|e| format!("could not make a self-signed certificate: {e}"))?;
+    // The instance's private address, for clients inside its network; a service that does
+    // not say is no reason to go without a certificate.
+    let private_ip = match metadata.private_ip() {
+        Ok(ip) => ip,
+        Err(e) => {
+            log.push(format!(
+                "WARNING: the instance's private address is unknown ({e}): the certificate \
+                 names the host name and loopback only"
+            ));
+            None
+        }
+    };
+    let hostname = &profile.machine.hostname;
+    let names = tls::subject_alt_names(hostname, private_ip);
+    let made = tls::self_signed(hostname, &names, now)?;
     // The key first: a certificate without its key would be kept on the next boot.
-    write_private(&files.tls_key, &made.signing_key.serialize_pem())?;
-    write_private(&files.tls_cert, &made.cert.pem())?;
-    log.push(format!(
-        "made a self-signed certificate (ECDSA P-256) for {} and localhost in {}",
-        profile.machine.hostname,
-        files.tls_cert.display()
-    ));
-    Ok(Source::Generated)
+    write_private(&files.tls_key, &made.key_pem)?;
+    write_private(&files.tls_cert, &made.cert_pem)?;
+    let what = format!(
+        "a self-signed certificate (ECDSA P-256, valid {} days) for {} in {path}",
+        tls::LIFETIME_DAYS,
+        names.join(", ")
+    );
+    Ok(match replacing {
+        Some(why) => {
+            log.push(format!(
+                "WARNING: {why}; made {what}: clients that pin the old fingerprint need the new one"
+            ));
+            Source::Replaced
+        }
+        None => {
+            log.push(format!("made {what}"));
+            Source::Generated
+        }
+    })
 }
 
 fn read(path: &Path) -> Result<String, String> {

@@ -18,6 +18,10 @@ impl Metadata for NoMetadata {
     fn get(&self, _key: &str) -> Result<Option<String>, String> {
         Ok(None)
     }
+
+    fn private_ip(&self) -> Result<Option<std::net::IpAddr>, String> {
+        Ok(None)
+    }
 }
 
 const CGROUP: &str = "sys/fs/cgroup/system.slice/llm-server.service";
@@ -360,13 +364,12 @@ fn health_fails_when_the_server_errs_or_is_not_listening() {
 fn the_doctor_prints_the_key_and_the_fingerprint_and_fails_without_them() {
     let fake = FakeBox::healthy();
     let files = Files::under(&fake.path());
-    let key = std::fs::read_to_string(&files.api_keys).unwrap();
+    let keys = secrets::parse_keys(&std::fs::read_to_string(&files.api_keys).unwrap()).unwrap();
     let report = doctor::examine(&fake.profile, &Host::new(fake.path()));
-    assert!(report
-        .check("api-keys")
-        .unwrap()
-        .detail
-        .contains(key.trim()));
+    let detail = &report.check("api-keys").unwrap().detail;
+    assert!(detail.contains(&keys[0]), "{detail}");
+    // The line saying where the key came from is not a key.
+    assert!(!detail.contains('#'), "{detail}");
     let pem = std::fs::read(&files.tls_cert).unwrap();
     let fingerprint = appliance::tls::Fingerprint::of_pem(&pem)
         .unwrap()
@@ -376,7 +379,20 @@ fn the_doctor_prints_the_key_and_the_fingerprint_and_fails_without_them() {
     let banner = secrets::banner(&fake.profile, &files);
     assert!(banner.contains(&fingerprint), "{banner}");
     assert!(banner.contains("/var/lib/llm-secrets/api-keys"), "{banner}");
-    assert!(!banner.contains(key.trim()), "{banner}");
+    assert!(!banner.contains(&keys[0]), "{banner}");
+    assert!(
+        report.check("tls").unwrap().detail.contains("valid until"),
+        "{:?}",
+        report.check("tls")
+    );
+
+    // A certificate within its renewal window warns, naming the fix.
+    let old = std::time::SystemTime::now()
+        - std::time::Duration::from_secs(86_400 * (appliance::tls::LIFETIME_DAYS as u64 - 10));
+    let names = appliance::tls::subject_alt_names("llm-appliance", None);
+    let made = appliance::tls::self_signed("llm-appliance", &names, old).unwrap();
+    std::fs::write(&files.tls_cert, &made.cert_pem).unwrap();
+    assert_eq!(fake.status("tls"), Status::Warn);
 
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&files.api_keys, std::fs::Permissions::from_mode(0o644)).unwrap();

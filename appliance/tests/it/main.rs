@@ -5,6 +5,7 @@
 
 mod common;
 mod doctor;
+mod meters;
 mod nix_initrd;
 mod nix_profile;
 mod profile;

@@ -1,7 +1,8 @@
 //! The NixOS modules derive from the same profile as the Debian image: `modules/profile.nix`,
 //! evaluated by Nix itself, must give every value `appliance render` writes, for the shipped
 //! profile and for a variant that takes the other branches (IPv4-only networks, no `prefer`
-//! list, no watchdog, a model file name that needs quoting). The memory plan too: both builders
+//! list, no watchdog, a model file name that needs quoting, other meters and limits, a
+//! metadata service outside link-local). The memory plan too: both builders
 //! run `llm-server plan --json` with the same arguments and `appliance check` on its output.
 //! Also: every `.nix` file in the repository parses, and the Nix ruleset passes `nft --check`.
 //!
@@ -70,6 +71,28 @@ fn cases() -> Vec<Case> {
         ),
         ("prefer = [", "prefer = [] # ["),
         ("api_port = 8080", "api_port = 11434"),
+        // Other meters and limits, and a metadata service outside IPv4 link-local, which the
+        // server is then denied by address.
+        (
+            "api_connections_per_source = 16",
+            "api_connections_per_source = 9",
+        ),
+        (
+            "api_syn_per_source_per_sec = 10",
+            "api_syn_per_source_per_sec = 3",
+        ),
+        ("api_syn_burst = 20", "api_syn_burst = 7"),
+        ("max_connections_per_ip = 8", "max_connections_per_ip = 5"),
+        ("max_grammar_bytes = 65536", "max_grammar_bytes = 1000"),
+        ("grammar_compiles = 1", "grammar_compiles = 2"),
+        (
+            r#"egress_cidrs = ["169.254.169.254/32"]"#,
+            r#"egress_cidrs = ["10.0.0.0/8"]"#,
+        ),
+        (
+            r#"metadata_address = "169.254.169.254""#,
+            r#"metadata_address = "10.9.9.9""#,
+        ),
         ("\"vm.swappiness\" = 10", "\"vm.swappiness\" = 5"),
         (
             r#"file = "gemma-3-270m-q4_k_m.gguf""#,

@@ -285,6 +285,53 @@ fn absurd_limits_are_refused() {
             "`*` is not an origin",
         ),
         ("burst = 10", "burst = -1", "invalid value"),
+        (
+            "max_connections_per_ip = 8",
+            "max_connections_per_ip = 64",
+            "max_connections_per_ip = 64 must be 1 to max_connections - 1 (63)",
+        ),
+        (
+            "max_connections_per_ip = 8",
+            "max_connections_per_ip = 0",
+            "max_connections_per_ip = 0 must be 1",
+        ),
+        (
+            "idle_timeout_sec = 30",
+            "idle_timeout_sec = 0",
+            "idle_timeout_sec = 0 must be 1 to 86400",
+        ),
+        (
+            "max_connection_age_sec = 900",
+            "max_connection_age_sec = 20",
+            "max_connection_age_sec = 20 is shorter than idle_timeout_sec = 30",
+        ),
+        (
+            "grammar_compiles = 1",
+            "grammar_compiles = 0",
+            "grammar_compiles = 0 would refuse every request",
+        ),
+        (
+            "max_tokenize_bytes = 262144",
+            "max_tokenize_bytes = 0",
+            "max_tokenize_bytes = 0",
+        ),
+        (
+            "api_syn_burst = 20",
+            "api_syn_burst = 0",
+            "network.api_syn_burst = 0 would drop every connection",
+        ),
+        // The kernel's meter must not bind before the server's own cap, which answers.
+        (
+            "api_connections_per_source = 16",
+            "api_connections_per_source = 4",
+            "network.api_connections_per_source = 4 is below \
+             server.limits.max_connections_per_ip = 8",
+        ),
+        (
+            "write_timeout_sec = 30",
+            "",
+            "missing field `write_timeout_sec`",
+        ),
     ] {
         let e = error_of(&edited(from, to));
         assert!(e.contains(want), "{to}: {e}");

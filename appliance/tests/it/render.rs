@@ -97,9 +97,11 @@ fn server_unit() {
         &[
             "Type=notify",
             "NotifyAccess=main",
-            "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/gemma-3-270m-q4_k_m.gguf --host 0.0.0.0 --port 8080 --ctx-size 2048 --parallel 2 \
+            "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/gemma-3-270m-q4_k_m.gguf --host :: --port 8080 --ctx-size 2048 --parallel 2 \
              --rate-limit-key 60 --rate-limit-ip 120 --rate-burst 10 --max-connections 64 \
              --header-timeout 10 --body-timeout 30 --default-max-tokens 256 --engine-stall-timeout 60 \
+             --max-connections-per-ip 8 --idle-timeout 30 --write-timeout 30 --max-connection-age 900 \
+             --max-grammar-bytes 65536 --max-tokenize-bytes 262144 --grammar-timeout 10 --grammar-compiles 1 \
              --api-key-file %d/api-keys --tls-cert %d/tls-cert --tls-key %d/tls-key",
             "LoadCredential=api-keys:/var/lib/llm-secrets/api-keys",
             "LoadCredential=tls-cert:/var/lib/llm-secrets/tls-cert.pem",
@@ -122,9 +124,12 @@ fn server_unit() {
             "PrivateTmp=yes",
             "NoNewPrivileges=yes",
             "ProtectControlGroups=yes",
+            // The metadata service hands out the box's secrets: not to the server.
+            "IPAddressDeny=169.254.0.0/16",
             "WantedBy=multi-user.target",
         ],
     );
+    assert!(!unit.contains("IPAddressAllow="));
     // Either would hide /proc/meminfo or the cgroup files the server sizes itself against.
     assert!(!unit.contains("ProcSubset="));
     assert!(!unit.contains("InaccessiblePaths="));
@@ -401,7 +406,44 @@ fn nftables_ruleset_lines() {
             "tcp dport 8080 ip saddr @api_v4 accept",
             "tcp dport 8080 ip6 saddr @api_v6 accept",
             "ip daddr @egress_v4 accept",
+            // The per-source meters on the API port, from [network].
+            "tcp dport 8080 ip saddr @api_v4 ct state new update @api_syn_v4 { ip saddr limit rate over 10/second burst 20 packets } counter drop",
+            "tcp dport 8080 ip saddr @api_v4 ct state new add @api_conns_v4 { ip saddr ct count over 16 } counter drop",
+            "tcp dport 8080 ip6 saddr @api_v6 ct state new update @api_syn_v6 { ip6 saddr and ffff:ffff:ffff:ffff:: limit rate over 10/second burst 20 packets } counter drop",
+            "tcp dport 8080 ip6 saddr @api_v6 ct state new add @api_conns_v6 { ip6 saddr and ffff:ffff:ffff:ffff:: ct count over 16 } counter drop",
+            "set api_conns_v6 {",
+            "flags dynamic,timeout",
         ],
+    );
+    // The meters come before the API's accept rules, or they would never see a packet.
+    let at = |line: &str| rules.contents.find(line).unwrap();
+    assert!(at("@api_conns_v6 {") < at("tcp dport 8080 ip saddr @api_v4 accept"));
+}
+
+/// The server listens on both families, and the meters follow the profile's numbers.
+#[test]
+fn the_server_serves_ipv6_and_the_meters_follow_the_profile() {
+    let args = render::server_args(&e2_micro());
+    let host = args.iter().position(|a| a == "--host").unwrap();
+    assert_eq!(args[host + 1], "::");
+    let mut p = e2_micro();
+    p.network.api_connections_per_source = 9;
+    p.network.api_syn_per_source_per_sec = 3;
+    p.network.api_syn_burst = 7;
+    let rules = rendered_from(&p, "/etc/nftables.conf").contents;
+    assert_eq!(rules.matches("ct count over 9 }").count(), 2, "{rules}");
+    assert_eq!(
+        rules
+            .matches("limit rate over 3/second burst 7 packets }")
+            .count(),
+        2,
+        "{rules}"
+    );
+    // A metadata service outside IPv4 link-local is denied to the server too.
+    p.oci.metadata_address = "fd00:c1::a9fe:a9fe".parse().unwrap();
+    assert_eq!(
+        render::server_ip_deny(&p),
+        ["169.254.0.0/16", "fd00:c1::a9fe:a9fe/128"]
     );
 }
 
@@ -444,8 +486,14 @@ fn nft_accepts_the_ruleset() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The check is real: a port out of range in the same ruleset is refused.
+    // The check is real: a port out of range in the same ruleset is refused, and so are the
+    // meters with a bad rate or count.
     let broken = rules.replace("tcp dport 8080 ip saddr", "tcp dport 80800 ip saddr");
+    assert!(!nft_check(&broken).status.success());
+    assert!(rules.contains("/second burst") && rules.contains("ct count over"));
+    let broken = rules.replace("/second burst", "/fortnight burst");
+    assert!(!nft_check(&broken).status.success());
+    let broken = rules.replace("ct count over", "ct count under");
     assert!(!nft_check(&broken).status.success());
     // And so are profiles with networks of only one family (empty sets stay valid).
     let mut v4_only = e2_micro();

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod cpu;
 pub mod disk;
+pub mod edge;
 pub mod firewall;
 pub mod footprint;
 pub mod headroom;
