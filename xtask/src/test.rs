@@ -1,6 +1,6 @@
 //! `cargo xtask test`: everything CI checks, in the order that fails fastest on a fresh machine:
 //! the machine's set-up (Debian packages, the tests' pinned Python environment), the default
-//! model, the workspace's tests (release: the golden and load tests run the real model), clippy,
+//! model and the golden set's real models, the workspace's tests (release: the golden and load tests run the real model), clippy,
 //! rustfmt, and last (it takes longest) the appliance image rebuilt from the current sources and
 //! booted by the VM test suite.
 
@@ -33,8 +33,9 @@ impl Test {
         let python = setup::python_env(sh)?;
         let path = setup::path_with(&python)?;
 
-        step("the default model");
+        step("the default model and the golden set's real models");
         let model = model::ensure(sh, false)?;
+        model::ensure_golden(sh, false)?;
 
         step("cargo test --workspace --release");
         cmd!(sh, "cargo test --workspace --release")
