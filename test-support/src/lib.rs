@@ -171,8 +171,9 @@ pub fn smollm2_model() -> PathBuf {
     let path = cache_dir().join("models").join(SMOLLM2_MODEL_FILE);
     assert!(
         path.is_file(),
-        "{SMOLLM2_MODEL_FILE} not found at {}; run `cargo xtask model --golden` (`cargo xtask \
+        "{} not found at {}; run `cargo xtask model --golden` (`cargo xtask \
          test` fetches it too)",
+        SMOLLM2_MODEL_FILE,
         path.display()
     );
     path

