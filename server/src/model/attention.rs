@@ -104,6 +104,13 @@ fn norm_and_rotate(b: &Batch, x: &mut [f32], norm: Option<&[f32]>, rope: &[CosSi
     target_feature = "f16c"
 ))]
 mod simd;
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+pub(super) use simd::exp8;
 
 /// Query rows one task attends together (the vector kernels' pass; the scalar code takes one).
 #[cfg(all(

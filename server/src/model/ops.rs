@@ -108,11 +108,53 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, as ggml's `swiglu`.
+/// `gate = silu(gate) * up` over one row, as ggml's `ggml_vec_swiglu_f32` on AVX2: groups of 8
+/// from the row's start take its vectorised exponential ([`exp_ggml`]), the tail libm's `expf`.
+/// libm's exponential differs from ggml's in the last bit of many values; on real weights a
+/// last-bit difference here flips a quant of the down projection's Q8 input now and then, and
+/// outlier features grow that into logit errors of tenths (SmolLM2-135M-Instruct's chat prompt).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
+    let whole = gate.len() / 8 * 8;
+    let (body, tail) = gate.split_at_mut(whole);
+    swiglu_body(body, &up[..whole]);
+    for (g, &u) in tail.iter_mut().zip(&up[whole..]) {
         let x = *g;
         *g = x / (1.0 + (-x).exp()) * u;
+    }
+}
+
+/// [`swiglu`] over whole groups of 8: `x / (1 + exp(0 - x)) * u`, the exponential ggml's.
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    // SAFETY: the target has AVX2/FMA (this line is compiled only then); the loads and stores
+    // stay inside `gate` and `up`, both whole groups of 8 long.
+    unsafe {
+        use std::arch::x86_64::*;
+        let one = _mm256_set1_ps(1.0);
+        for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
+            let x = _mm256_loadu_ps(g.as_ptr());
+            let e = super::attention::exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(
+                g.as_mut_ptr(),
+                _mm256_mul_ps(silu, _mm256_loadu_ps(u.as_ptr())),
+            );
+        }
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )))]
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = x / (1.0 + exp_ggml(0.0 - x)) * u;
     }
 }
 
@@ -231,6 +273,26 @@ mod tests {
         assert_eq!(g[5], 12.0);
         assert!((g[1] - -0.158_808).abs() < 1e-3, "{}", g[1]);
         assert!((g[4] - 1.954_597).abs() < 2e-3, "{}", g[4]);
+    }
+
+    #[test]
+    fn swiglu_takes_ggmls_exponential_in_groups_of_8_and_libms_in_the_tail() {
+        let n = 8 * 40 + 5;
+        let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.731).sin() * 12.0).collect();
+        let up: Vec<f32> = (0..n).map(|i| (i as f32 * 0.377).cos() * 3.0).collect();
+        let mut got = x.clone();
+        swiglu(&mut got, &up);
+        for (i, ((&x, &u), &got)) in x.iter().zip(&up).zip(&got).enumerate() {
+            let e = if i < n / 8 * 8 {
+                exp_ggml(0.0 - x)
+            } else {
+                (-x).exp()
+            };
+            let want = x / (1.0 + e) * u;
+            assert_eq!(got.to_bits(), want.to_bits(), "element {i}: x {x}");
+            let exact = x as f64 / (1.0 + (-x as f64).exp()) * u as f64;
+            assert!((got as f64 - exact).abs() <= 1e-6 * (1.0 + exact.abs()));
+        }
     }
 
     #[test]

@@ -465,7 +465,11 @@ fn ffn_block(b: &Batch, l: &Layer, rows: usize, s: &mut Scratch) {
             let up = &up[first * n_ff..first * n_ff + gate.len()];
             match ffn {
                 Ffn::GeGlu => ops::geglu(gate, up),
-                Ffn::SwiGlu => ops::swiglu(gate, up),
+                // Row by row: ggml's vector groups start at each row's start.
+                Ffn::SwiGlu => gate
+                    .chunks_mut(n_ff)
+                    .zip(up.chunks(n_ff))
+                    .for_each(|(g, u)| ops::swiglu(g, u)),
             }
         });
     s.acts.invalidate();

@@ -250,3 +250,12 @@ fn default_model_gemma3_270m() {
     // Two threads: the parallel paths must give the same answers as the single-thread ones.
     check(&test_support::default_model(), &golden, 2);
 }
+
+/// Real instruct weights (issue 44): outlier features that random weights lack amplify a
+/// last-bit difference into logit errors of tenths. Whole ChatML transcripts, one of them
+/// multi-turn (145 tokens).
+#[test]
+fn smollm2_135m_instruct_q4_1_chats() {
+    let golden = test_support::testdata("smollm2-135m-instruct-q4_1.golden.json");
+    check(&test_support::smollm2_model(), &golden, 2);
+}

@@ -395,7 +395,7 @@ unsafe fn softmax_f16(x: &mut [f32]) {
 /// [`ops::exp_ggml`](crate::model::ops::exp_ggml) on 8 lanes: the same operations, both
 /// branches computed and blended.
 #[inline(always)]
-unsafe fn exp8(x: __m256) -> __m256 {
+pub(in crate::model) unsafe fn exp8(x: __m256) -> __m256 {
     let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
     let ci = |bits: u32| _mm256_set1_epi32(bits as i32);
     let r = c(0x4b40_0000);
