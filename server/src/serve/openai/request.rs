@@ -975,7 +975,7 @@ mod tests {
             format!(r#"{{"type":"function","function":{{"name":"f","description":"{desc}"}}}}"#)
         };
         for (extra, param) in [
-            (format!(r#""grammar":"root ::= "{big}"""#), "grammar"),
+            (format!(r#""grammar":"root ::= \"{big}\"""#), "grammar"),
             (
                 format!(
                     r#""response_format":{{"type":"json_schema","json_schema":{{"schema":{{"description":"{big}"}}}}}}"#
@@ -992,7 +992,7 @@ mod tests {
                 other => panic!("{extra}: {:?}", other.err()),
             }
         }
-        check(format!(r#""grammar":"root ::= "{}"""#, &big[..80])).unwrap();
+        check(format!(r#""grammar":"root ::= \"{}\"""#, &big[..80])).unwrap();
         check(format!(r#""tools":[{}]"#, tool("a"))).unwrap();
     }
 

@@ -215,10 +215,11 @@ impl Probes {
             self.0.len(),
             self.0
         );
-        let failed: Vec<&Probe> = self
+        let failed: Vec<String> = self
             .0
             .iter()
             .filter(|p| p.outcome != Ok(status) || p.took > DEADLINE)
+            .map(|p| format!("at {:?}: {:?} in {:?}", p.at, p.outcome, p.took))
             .collect();
         assert!(
             failed.is_empty(),
