@@ -111,7 +111,9 @@ pub enum TextFormat {
         #[serde(default)]
         name: Option<String>,
         #[serde(default)]
-        schema: Option<Box<RawValue>>,
+        // A tree, not raw text: an internally tagged enum buffers its fields, which a RawValue
+        // cannot be read from. Its size is checked before it is compiled or echoed.
+        schema: Option<Value>,
         #[serde(default)]
         strict: Option<bool>,
     },
@@ -160,7 +162,9 @@ impl ResponsesRequest {
             ..
         }) = &format
         {
-            check_schema_size(schema, "text", "the text.format schema", limits)?;
+            let text = serde_json::value::to_raw_value(schema)
+                .map_err(|e| ApiError::bad_param("text", format!("text.format.schema: {e}")))?;
+            check_schema_size(&text, "text", "the text.format schema", limits)?;
         }
         let response_format = match format.clone() {
             None | Some(TextFormat::Text) => None,
@@ -178,7 +182,12 @@ impl ResponsesRequest {
             }) => Some(ResponseFormat::JsonSchema {
                 json_schema: JsonSchemaFormat {
                     name,
-                    schema,
+                    schema: schema
+                        .map(|s| serde_json::value::to_raw_value(&s))
+                        .transpose()
+                        .map_err(|e| {
+                            ApiError::bad_param("text", format!("text.format.schema: {e}"))
+                        })?,
                     strict,
                 },
             }),
