@@ -17,7 +17,6 @@ use serde_json::{json, Map, Value};
 use crate::engine::chat_template::Turn;
 use crate::serve::error::ApiError;
 use crate::serve::input::InputArgs;
-use serde_json::value::RawValue;
 
 use crate::serve::openai::{
     check_schema_size, read_objects, template_call, Checked, ContentPart, GenerationRequest,
