@@ -19,17 +19,31 @@
         model = pkgs.callPackage ./nix/model.nix { };
         # result/e2-micro.qcow2, for `cargo xtask oci-upload --image`.
         e2-micro-image = self.nixosConfigurations.e2-micro.config.system.build.OCIImage;
+        # Gemma 3 1B instruct: stops at once with the pin command while its profile is unpinned.
+        e2-micro-1b-image = self.nixosConfigurations.e2-micro-1b.config.system.build.OCIImage;
         default = self.packages.${system}.e2-micro-image;
       };
 
       nixosModules.default = ./modules;
 
-      nixosConfigurations.e2-micro = nixpkgs.lib.nixosSystem {
-        modules = [
-          self.nixosModules.default
-          ./nix/e2-micro.nix
-          { nixpkgs.hostPlatform = system; }
-        ];
+      nixosConfigurations = {
+        e2-micro = nixpkgs.lib.nixosSystem {
+          modules = [
+            self.nixosModules.default
+            ./nix/e2-micro.nix
+            { nixpkgs.hostPlatform = system; }
+          ];
+        };
+        e2-micro-1b = nixpkgs.lib.nixosSystem {
+          modules = [
+            self.nixosModules.default
+            ./nix/e2-micro.nix
+            {
+              nixpkgs.hostPlatform = system;
+              llm-appliance.profile = ./appliance/profiles/e2-micro-1b.toml;
+            }
+          ];
+        };
       };
 
       checks.${system} = {

@@ -84,7 +84,7 @@ in
   };
 
   config = lib.mkMerge [
-    { llm-appliance.values = import ./profile.nix (builtins.fromTOML (builtins.readFile cfg.profile)); }
+    { llm-appliance.values = import ./profile.nix (import ./read-profile.nix cfg.profile); }
 
     (mkIf cfg.enable {
       assertions = [

@@ -245,8 +245,8 @@ in
       NotifyAccess = "main";
       Restart = "always";
       RestartSec = server.restart_sec;
-      # 1: a bad model, option, key or certificate file; 2: the memory plan does not fit; 3:
-      # the CPU lacks x86-64-v3 (server/src/main.rs). A restart cannot fix these.
+      # The server's exit statuses that a restart cannot fix (server/src/exit.rs, NO_RESTART);
+      # held to the renderer's copy by appliance/tests/it/nix_profile.rs.
       RestartPreventExitStatus = [
         1
         2

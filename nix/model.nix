@@ -11,12 +11,11 @@
   profile ? ../appliance/profiles/e2-micro.toml,
 }:
 let
-  model = (builtins.fromTOML (builtins.readFile profile)).model;
+  # Refused with the pin command when the profile has no sha256 (modules/read-profile.nix).
+  model = (import ../modules/read-profile.nix profile).model;
   local = model.path or (lib.removePrefix "file://" model.url);
   isLocal = model ? path || lib.hasPrefix "file://" (model.url or "");
 in
-assert lib.assertMsg (model ? sha256)
-  "${toString profile}: model.sha256 is missing; run `cargo xtask model --profile ${toString profile} --pin` once to record it";
 if isLocal then
   builtins.path {
     path = /. + local;

@@ -7,10 +7,8 @@
 //! instructions in any function, the check's own included. So it is a few lines of assembly in
 //! `.init_array` (the binary's `cpu_guard` module), run by the C runtime before Rust's `main`: CPUID (leaves 1 and 7) and XGETBV
 //! (the OS saves YMM state), and on a miss a message written with the `write` system call and
-//! `exit_group(3)`. Status 3 is what the appliance unit's `RestartPreventExitStatus=` names.
-
-/// The exit status for a CPU without the required features.
-pub const EXIT_STATUS: i32 = 3;
+//! `exit_group` with [`crate::exit::Status::CpuUnsupported`], one of the statuses systemd is told
+//! not to restart on.
 
 /// The message on standard error, also checked by the VM test.
 pub const MESSAGE: &str = "llm-server: this CPU lacks AVX2, FMA, F16C or BMI1/BMI2, which this \

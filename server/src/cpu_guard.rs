@@ -2,7 +2,8 @@
 //! crate because only the binary's own objects are always linked; a library object that nothing
 //! references, and its `.init_array` entry with it, could be dropped.
 
-use llm_server::cpu::{EXIT_STATUS, MESSAGE};
+use llm_server::cpu::MESSAGE;
+use llm_server::exit::Status;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 std::arch::global_asm!(
@@ -55,7 +56,7 @@ std::arch::global_asm!(
     ".popsection",
     message = sym MESSAGE_BYTES,
     length = const MESSAGE.len(),
-    status = const EXIT_STATUS,
+    status = const Status::CpuUnsupported.code(),
 );
 
 /// The message as a static the assembly can address.

@@ -2,6 +2,7 @@
 
 pub mod cpu;
 pub mod engine;
+pub mod exit;
 pub mod gguf;
 pub mod grammar;
 pub mod limits;

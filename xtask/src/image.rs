@@ -84,6 +84,8 @@ fn nix_can_build_nixos(sh: &Shell) -> bool {
 
 impl Image {
     pub fn run(self, sh: &Shell) -> Result<()> {
+        // First: an unpinned or inconsistent profile stops here, before any probe or build.
+        let profile = Profile::load(&self.profile)?;
         let builder = match self.builder {
             Builder::Auto if nix_can_build_nixos(sh) => Builder::Nix,
             Builder::Auto => Builder::Debian,
@@ -95,19 +97,18 @@ impl Image {
         };
         if builder == Builder::Nix {
             println!("builder: nix{why}");
-            return self.run_nix(sh);
+            return self.run_nix(sh, profile);
         }
         let why = match self.builder {
             Builder::Auto => " (auto: no Nix that can build NixOS here)",
             _ => " (--builder)",
         };
         println!("builder: debian{why}");
-        self.run_debian(sh)
+        self.run_debian(sh, profile)
     }
 
     /// `nix build .#<machine>-image`, then the qcow2 copied to where the Debian builder puts it.
-    fn run_nix(self, sh: &Shell) -> Result<()> {
-        let profile = Profile::load(&self.profile)?;
+    fn run_nix(self, sh: &Shell, profile: Profile) -> Result<()> {
         let name = profile.machine.name.clone();
         let out = sh.current_dir().join(&self.out);
         sh.create_dir(&out)?;
@@ -130,10 +131,9 @@ impl Image {
         Ok(())
     }
 
-    fn run_debian(self, sh: &Shell) -> Result<()> {
+    fn run_debian(self, sh: &Shell, profile: Profile) -> Result<()> {
         let started = Instant::now();
         let mut progress = Progress::new();
-        let profile = Profile::load(&self.profile)?;
         let name = profile.machine.name.clone();
         let out = sh.current_dir().join(&self.out);
         let work = out.join("work");

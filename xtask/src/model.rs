@@ -44,16 +44,7 @@ impl Model {
         let path = if self.pin {
             pin(sh, &self.profile)?
         } else {
-            let text = fs::read_to_string(&self.profile)
-                .with_context(|| format!("read {}", self.profile.display()))?;
-            if unpinned(&text, &self.profile)? {
-                bail!(
-                    "{} has no model.sha256 and model.size_bytes, so its model cannot be \
-                     verified: run `cargo xtask model --profile {} --pin` once to record them",
-                    self.profile.display(),
-                    self.profile.display()
-                );
-            }
+            // An unpinned profile is refused here with the `--pin` command.
             ensure_profile(sh, &load(&self.profile)?, self.verify)?
         };
         println!("{}", path.display());
@@ -240,21 +231,15 @@ impl Cached {
     }
 }
 
-/// Whether `text`'s `[model]` lacks its pin (both keys; one alone is a mistake `load` names).
-fn unpinned(text: &str, path: &Path) -> Result<bool> {
-    let doc: toml_edit::DocumentMut = text
-        .parse()
-        .with_context(|| format!("{} is not TOML", path.display()))?;
-    let model = doc.get("model").and_then(|m| m.as_table_like());
-    Ok(model.is_some_and(|m| !m.contains_key("sha256") && !m.contains_key("size_bytes")))
-}
-
 /// `--pin`: fetches the model of a profile that has no pin yet, writes its sha256 and size into
 /// the profile (keeping the file's comments and layout) and checks the whole profile.
 fn pin(sh: &Shell, profile_path: &Path) -> Result<PathBuf> {
     let text = fs::read_to_string(profile_path)
         .with_context(|| format!("read {}", profile_path.display()))?;
-    if !unpinned(&text, profile_path)? {
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .with_context(|| format!("{} is not TOML", profile_path.display()))?;
+    if !appliance::profile::unpinned(&text) {
         bail!(
             "{} already pins its model (model.sha256, model.size_bytes): `cargo xtask model \
              --profile {}` verifies against them; delete both keys to pin a new file",
@@ -262,7 +247,6 @@ fn pin(sh: &Shell, profile_path: &Path) -> Result<PathBuf> {
             profile_path.display()
         );
     }
-    let mut doc: toml_edit::DocumentMut = text.parse()?;
     let model = doc
         .get_mut("model")
         .and_then(|m| m.as_table_mut())

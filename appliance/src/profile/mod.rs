@@ -20,6 +20,14 @@ pub enum ProfileError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the profile {path} does not pin its model (model.sha256 and model.size_bytes are \
+         missing), so the model cannot be verified: run `cargo xtask model --profile {path} \
+         --pin` once where the model's source is reachable; it writes both keys into the \
+         profile (which `nix build` reads too). Check the recorded sha256 against the \
+         publisher's and commit the profile."
+    )]
+    Unpinned { path: PathBuf },
     #[error("the profile {path} is not valid: {message}")]
     Syntax { path: PathBuf, message: String },
     #[error("the profile {path} does not fit together:\n{}", bullets(.problems))]
@@ -29,6 +37,18 @@ pub enum ProfileError {
     },
     #[error("the profile `{name}` cannot hold the server's memory plan:\n{}", bullets(.problems))]
     Plan { name: String, problems: Vec<String> },
+}
+
+/// Whether `text` is a profile whose `[model]` has neither `sha256` nor `size_bytes`: committed
+/// before anyone could check the file, to be pinned by `cargo xtask model --pin` (which reads
+/// the profile through this before it can load). modules/read-profile.nix is the Nix side.
+pub fn unpinned(text: &str) -> bool {
+    let Ok(doc) = toml::from_str::<toml::Table>(text) else {
+        return false; // `Profile::parse` names the syntax error
+    };
+    doc.get("model")
+        .and_then(|m| m.as_table())
+        .is_some_and(|m| !m.contains_key("sha256") && !m.contains_key("size_bytes"))
 }
 
 fn bullets(problems: &[String]) -> String {
@@ -50,6 +70,11 @@ impl Profile {
 
     /// Parses and checks `text`; `path` only names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Profile, ProfileError> {
+        if unpinned(text) {
+            return Err(ProfileError::Unpinned {
+                path: path.to_owned(),
+            });
+        }
         let mut profile: Profile = toml::from_str(text).map_err(|e| ProfileError::Syntax {
             path: path.to_owned(),
             message: e.to_string().trim_end().to_owned(),

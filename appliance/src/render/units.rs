@@ -8,9 +8,9 @@ use crate::profile::Profile;
 use super::exec::command_line;
 use super::header;
 
-/// `llm-server`'s exit statuses that a restart cannot fix (server/src/main.rs): 1 a bad model,
-/// option, key or certificate file, 2 a memory plan that does not fit, 3 a CPU without
-/// x86-64-v3. systemd must not loop on them; the reason is the server's last journal line.
+/// `llm-server`'s exit statuses that a restart cannot fix: a copy of its `exit::Status::NO_RESTART`
+/// (server/src/exit.rs; the on-box `appliance` does not link the server), which
+/// `server_plan::the_unit_does_not_restart_on_the_servers_refusals` holds to it.
 const REFUSAL_STATUSES: &str = "1 2 3";
 
 /// The systemd credentials the server gets (`LoadCredential=NAME:FILE`) and the flag naming

@@ -74,3 +74,52 @@ fn a_context_and_slots_far_too_large_for_the_box_are_refused() {
     assert!(e.contains("high_mib = 576 cannot hold the model"), "{e}");
     assert!(e.contains("lower server.ctx_size/server.parallel"), "{e}");
 }
+
+/// The unit's `RestartPreventExitStatus=` is the server's own list of statuses that a restart
+/// cannot fix (server/src/exit.rs); the Nix module's copy is held to the renderer's by
+/// `nix_profile::server_unit_matches`.
+#[test]
+fn the_unit_does_not_restart_on_the_servers_refusals() {
+    let unit = appliance::render::render(&Profile::load(&test_support::default_profile()).unwrap())
+        .into_iter()
+        .find(|f| f.path == "/etc/systemd/system/llm-server.service")
+        .expect("the server unit is rendered");
+    let line = unit
+        .contents
+        .lines()
+        .find_map(|l| l.strip_prefix("RestartPreventExitStatus="))
+        .expect("the unit names the statuses not to restart on");
+    let want: Vec<String> = llm_server::exit::Status::NO_RESTART
+        .iter()
+        .map(|s| s.code().to_string())
+        .collect();
+    assert_eq!(line, want.join(" "));
+}
+
+/// Every flag the unit passes (and the credentials' flags) is one the server takes: the server
+/// is run with the unit's arguments and a model file that does not exist, and must get past
+/// its option parser to refuse the model by name (exit 1 with its own message, not clap's).
+#[test]
+fn the_server_takes_every_flag_the_unit_passes() {
+    let profile = Profile::load(&test_support::default_profile()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-model.gguf");
+    let mut args = appliance::render::server_args(&profile);
+    args.extend(appliance::render::credential_args(&profile));
+    let model = args.iter().position(|a| a == "--model").unwrap() + 1;
+    args[model] = missing.to_str().unwrap().to_owned();
+    let out = Command::new(test_support::llm_server_binary())
+        .args(&args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(llm_server::exit::Status::BadInput.code())),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("Usage:") && stderr.contains("no-such-model.gguf"),
+        "the server's option parser refused the unit's arguments {args:?}:\n{stderr}"
+    );
+}

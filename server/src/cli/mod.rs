@@ -10,6 +10,8 @@ mod tokenize;
 
 use std::process::ExitCode;
 
+use llm_server::exit::{Refusal, Status};
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -52,12 +54,15 @@ pub fn main() -> ExitCode {
         // A bad option exits 1, not clap's 2: 2 says "the memory plan does not fit" (plan.rs),
         // and systemd is told not to restart on either.
         let _ = e.print();
-        std::process::exit(if e.use_stderr() { 1 } else { 0 });
+        if e.use_stderr() {
+            Status::BadInput.exit()
+        }
+        Status::Success.exit()
     });
     if let Some(choice) = cli.kernels {
         if let Err(e) = llm_server::quant::isa::select(choice) {
             eprintln!("llm-server: {e}");
-            return ExitCode::FAILURE;
+            return Status::BadInput.into();
         }
     }
     let result = match cli.cmd {
@@ -70,10 +75,12 @@ pub fn main() -> ExitCode {
         Cmd::Tokenize(c) => c.run(),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => Status::Success.into(),
         Err(e) => {
             eprintln!("llm-server: {e}");
-            ExitCode::FAILURE
+            e.downcast_ref::<Refusal>()
+                .map_or(Status::BadInput, |r| r.status)
+                .into()
         }
     }
 }

@@ -7,15 +7,13 @@ use std::fmt::Write;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use llm_server::exit::{Refusal, Status};
 use llm_server::gguf::Gguf;
 use llm_server::limits::{HumanBytes, MemoryLimits};
 use llm_server::model::Config;
 use llm_server::plan::MemoryPlan;
 
 use super::CliResult;
-
-/// The exit status of `plan` and `serve` when the plan does not fit.
-pub const EXIT_DOES_NOT_FIT: i32 = 2;
 
 /// Context per slot when none is asked for: Ollama's default, enough for chat.
 const DEFAULT_CTX: usize = 4096;
@@ -228,7 +226,11 @@ impl Plan {
         }
         if !checked.fits() {
             // A distinct status, so scripts can tell "does not fit" from "cannot read the model".
-            std::process::exit(EXIT_DOES_NOT_FIT);
+            return Err(Refusal {
+                status: Status::DoesNotFit,
+                message: "the memory plan does not fit the limits (the table above)".into(),
+            }
+            .into());
         }
         Ok(())
     }

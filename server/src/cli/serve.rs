@@ -3,11 +3,11 @@
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use llm_server::engine::{Counters, Engine, Slots, DECODE_THREAD};
+use llm_server::exit::{Refusal, Status};
 use llm_server::gguf::Gguf;
 use llm_server::model::{LoadOptions, Model};
 use llm_server::serve::auth::ApiKeys;
@@ -17,7 +17,7 @@ use llm_server::serve::listener::{ConnArgs, ConnLimits};
 use llm_server::serve::{listener, router, sd_notify, tls, AppState, HttpConfig, Ready};
 use tokio::sync::Notify;
 
-use super::plan::{Checked, Sizing, EXIT_DOES_NOT_FIT};
+use super::plan::{Checked, Sizing};
 use super::CliResult;
 
 #[derive(clap::Args)]
@@ -120,9 +120,13 @@ impl Serve {
         if !checked.fits() {
             if !self.ignore_memory_plan {
                 eprint!("{table}");
-                eprintln!("llm-server: refusing to start: the memory plan does not fit (--ignore-memory-plan starts anyway)");
-                // Exit before any thread or socket exists: nothing to clean up.
-                std::process::exit(EXIT_DOES_NOT_FIT);
+                return Err(Refusal {
+                    status: Status::DoesNotFit,
+                    message: "refusing to start: the memory plan does not fit \
+                              (--ignore-memory-plan starts anyway)"
+                        .into(),
+                }
+                .into());
             }
             tracing::warn!(
                 "the memory plan does not fit; starting anyway (--ignore-memory-plan):\n{table}"
@@ -166,12 +170,7 @@ impl Serve {
             .thread_name("http")
             .enable_all()
             .build()?;
-        let code = runtime.block_on(self.serve(gguf, checked, http, tls, limits, cpus))?;
-        if code == ExitCode::SUCCESS {
-            Ok(())
-        } else {
-            Err("stopped because the model could not be loaded (see the log above)".into())
-        }
+        runtime.block_on(self.serve(gguf, checked, http, tls, limits, cpus))
     }
 
     async fn serve(
@@ -182,7 +181,7 @@ impl Serve {
         tls: Option<tokio_rustls::TlsAcceptor>,
         limits: ConnLimits,
         cpus: usize,
-    ) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    ) -> CliResult {
         let addr = SocketAddr::new(self.host, self.port);
         let listener = listener::bind(addr).map_err(|e| {
             format!("cannot listen on {addr}: {e}; choose another --port or --host")
@@ -272,17 +271,12 @@ impl Serve {
         // Anything still queued (e.g. on connections that closed) is released with the engine.
         let _ = tokio::task::spawn_blocking(move || state.cancel_all()).await;
         tracing::info!("stopped");
-        Ok(if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        })
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("stopped because the model could not be loaded (see the log above)".into());
+        }
+        Ok(())
     }
 }
-
-/// The status of a process whose decode thread panicked: not 1, 2 or 3 (which systemd is told
-/// not to restart), so that systemd restarts it (70 is sysexits' EX_SOFTWARE).
-const EXIT_ENGINE_PANIC: i32 = 70;
 
 /// A panic on the decode thread ends the process: queued requests would otherwise wait for ever
 /// on a thread that is gone. Panics elsewhere (a request's task) stay that request's failure.
@@ -292,9 +286,10 @@ fn exit_on_engine_panic() {
         report(info);
         if std::thread::current().name() == Some(DECODE_THREAD) {
             tracing::error!(
-                "the decode thread panicked: exiting with status {EXIT_ENGINE_PANIC} to be restarted"
+                "the decode thread panicked: exiting with status {} to be restarted",
+                Status::EnginePanic.code()
             );
-            std::process::exit(EXIT_ENGINE_PANIC);
+            Status::EnginePanic.exit();
         }
     }));
 }

@@ -3,7 +3,8 @@
 
 use std::process::Command;
 
-use llm_server::cpu::{EXIT_STATUS, MESSAGE};
+use llm_server::cpu::MESSAGE;
+use llm_server::exit::Status;
 
 fn run_on(cpu: &str) -> std::process::Output {
     Command::new("qemu-x86_64")
@@ -21,7 +22,7 @@ fn a_cpu_without_avx2_is_refused_with_the_message_and_status_3() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             out.status.code(),
-            Some(EXIT_STATUS),
+            Some(i32::from(Status::CpuUnsupported.code())),
             "{cpu}: {:?}\n{stderr}",
             out.status
         );

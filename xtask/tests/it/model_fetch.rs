@@ -259,7 +259,7 @@ fn pin_records_a_first_downloads_hash_and_nothing_is_fetched_unverified() {
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("no model.sha256") && stderr.contains("--pin"),
+        stderr.contains("does not pin its model") && stderr.contains("--pin"),
         "{stderr}"
     );
     assert!(!cached(&dir, FILE).exists());

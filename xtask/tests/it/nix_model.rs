@@ -1,6 +1,6 @@
 //! nix/model.nix takes the profile's model source as `cargo xtask model` does: `url` fetched
 //! with the profile's sha256, neither key the default model's copy, no sha256 an error that says
-//! how to pin. Evaluated by plain `nix-instantiate` with nixpkgs' `fetchurl` and the three `lib`
+//! how to pin. Evaluated by plain `nix-instantiate` with nixpkgs' `fetchurl` and the two `lib`
 //! functions it uses replaced by recorders (no nixpkgs here; `path` needs a real store and is
 //! not evaluated).
 
@@ -15,7 +15,6 @@ fn eval(profile: &Path) -> Result<serde_json::Value, String> {
           lib = {{
             hasPrefix = p: s: builtins.substring 0 (builtins.stringLength p) s == p;
             removePrefix = p: s: builtins.substring (builtins.stringLength p) (-1) s;
-            assertMsg = ok: msg: ok || throw msg;
           }};
           fetchurl = args: {{ fetchurl = args; }};
           profile = {};
@@ -68,7 +67,8 @@ fn the_nix_model_takes_the_profiles_source_and_pin() {
     let unpinned = write("unpinned.toml", "url = \"https://example.org/m.gguf\"");
     let e = eval(&unpinned).unwrap_err();
     assert!(
-        e.contains("model.sha256 is missing") && e.contains("--pin"),
+        e.contains("does not pin its model")
+            && e.contains("cargo xtask model --profile appliance/profiles/unpinned.toml --pin"),
         "{e}"
     );
     std::fs::remove_dir_all(&dir).unwrap();

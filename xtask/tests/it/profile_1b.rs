@@ -1,9 +1,11 @@
 //! appliance/profiles/e2-micro-1b.toml against the server's planner on a file of Gemma 3 1B's
 //! real shapes and IQ4_XS types (`llm-server synth --preset gemma3-1b`, its tokenizer from the
 //! default model): `inspect` shows its real shapes; pinned to that file, the profile loads (every cross-section rule holds) and
-//! its limits hold the plan at its context and slots. Unpinned, as committed, it does not load.
+//! its limits hold the plan at its context and slots. Unpinned, as committed, it does not load,
+//! and both builders stop at once with the command that pins it.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use appliance::plan::{self, ServerPlan};
 use appliance::Profile;
@@ -15,7 +17,7 @@ fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
     let text = std::fs::read_to_string(&path).unwrap();
     let e = Profile::parse(&text, &path).unwrap_err().to_string();
     assert!(
-        e.contains("sha256"),
+        e.contains("cargo xtask model --profile appliance/profiles/e2-micro-1b.toml --pin"),
         "the committed profile is unpinned: {e}"
     );
 
@@ -93,4 +95,52 @@ fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
     let plan = ServerPlan::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
     profile.check_plan(&plan).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `cargo xtask image` on the unpinned profile stops within seconds, before any probe, download
+/// or build, with the `--pin` command; `nix build .#e2-micro-1b-image` reads the profile through
+/// modules/read-profile.nix, which throws the same command (evaluated here as the flake's module
+/// evaluates it, without nixpkgs), while the shipped, pinned profile reads through.
+#[test]
+fn both_builders_stop_at_once_on_the_unpinned_1b_profile_with_the_pin_command() {
+    let root = test_support::workspace_root();
+    let pin = "cargo xtask model --profile appliance/profiles/e2-micro-1b.toml --pin";
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .current_dir(&root)
+        .args(["image", "--profile", "appliance/profiles/e2-micro-1b.toml"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(pin), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let read = |profile: &str| {
+        Command::new("nix-instantiate")
+            .current_dir(&root)
+            .args([
+                "--option", "store", "dummy://", "--eval", "--strict", "--json", "-E",
+            ])
+            .arg(format!(
+                "(import ./modules/read-profile.nix ./appliance/profiles/{profile}).machine.name"
+            ))
+            .output()
+            .expect("nix-instantiate is missing: install Nix (`apt-get install nix-bin`)")
+    };
+    let out = read("e2-micro-1b.toml");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(pin), "{stderr}");
+    let out = read("e2-micro.toml");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "\"e2-micro\"");
 }
