@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::Router;
 
 use crate::engine::Engine;
@@ -36,20 +36,96 @@ use auth::ApiKeys;
 use error::ApiError;
 use metrics::Metrics;
 
-/// Every route, as `/openapi.json` must document it (checked by a test).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("post", "/v1/chat/completions"),
-    ("post", "/v1/completions"),
-    ("post", "/v1/responses"),
-    ("post", "/v1/messages"),
-    ("get", "/v1/models"),
-    ("post", "/tokenize"),
-    ("post", "/detokenize"),
-    ("get", "/health"),
-    ("get", "/metrics"),
-    ("get", "/openapi.json"),
-    ("get", "/"),
+/// Every route the server serves: [`router`] is built from this table, and `/openapi.json` must
+/// document exactly these (checked by a test).
+pub const ROUTES: &[Route] = &[
+    route(Post, "/v1/chat/completions", Api, |m| {
+        on(m, routes::generate::chat)
+    }),
+    route(Post, "/v1/completions", Api, |m| {
+        on(m, routes::generate::completions)
+    }),
+    route(Post, "/v1/responses", Api, |m| {
+        on(m, routes::responses::create)
+    }),
+    route(Post, anthropic::PATH, Api, |m| {
+        on(m, routes::messages::create)
+    }),
+    route(Get, "/v1/models", Api, |m| on(m, routes::info::models)),
+    route(Post, "/tokenize", Api, |m| on(m, routes::tokens::tokenize)),
+    route(Post, "/detokenize", Api, |m| {
+        on(m, routes::tokens::detokenize)
+    }),
+    route(Get, "/metrics", Operator, |m| on(m, routes::info::metrics)),
+    route(Get, "/health", Probe, |m| on(m, routes::info::health)),
+    route(Get, "/openapi.json", Probe, |m| {
+        on(m, routes::info::openapi)
+    }),
+    route(Get, "/", Page, |m| on(m, routes::ui::page)),
 ];
+
+/// One row of [`ROUTES`].
+pub struct Route {
+    pub method: Method,
+    pub path: &'static str,
+    pub access: Access,
+    /// The handler, served on the method given.
+    handler: fn(MethodFilter) -> MethodRouter<AppState>,
+}
+
+const fn route(
+    method: Method,
+    path: &'static str,
+    access: Access,
+    handler: fn(MethodFilter) -> MethodRouter<AppState>,
+) -> Route {
+    Route {
+        method,
+        path,
+        access,
+        handler,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Post,
+}
+
+impl Method {
+    /// As OpenAPI writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Get => "get",
+            Method::Post => "post",
+        }
+    }
+
+    fn filter(self) -> MethodFilter {
+        match self {
+            Method::Get => MethodFilter::GET,
+            Method::Post => MethodFilter::POST,
+        }
+    }
+}
+
+/// Who may call a route, and through which of [`limit`]'s buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// The API: a key when keys are on, the per-IP bucket, then the key's own bucket.
+    Api,
+    /// What the server counts is for its operators, not for every client: a key and the
+    /// per-IP bucket.
+    Operator,
+    /// Health and the API's description: open, or as `Operator` with `--auth-probes`.
+    Probe,
+    /// The chat page: never behind a key (it asks for one).
+    Page,
+}
+
+use Access::{Api, Operator, Page, Probe};
+use Method::{Get, Post};
 
 /// The OpenAPI description of [`ROUTES`], served at `/openapi.json`.
 pub const OPENAPI_JSON: &str = include_str!("openapi.json");
@@ -203,26 +279,22 @@ pub fn router(state: AppState) -> Router {
     let http = state.http().clone();
     let require_key = middleware::from_fn_with_state(http.api_keys.clone(), auth::require_key);
     let limits = limit::RateLimits::new(http.rate);
-    let api = Router::new()
-        .route("/v1/chat/completions", post(routes::generate::chat))
-        .route("/v1/completions", post(routes::generate::completions))
-        .route("/v1/responses", post(routes::responses::create))
-        .route(anthropic::PATH, post(routes::messages::create))
-        .route("/v1/models", get(routes::info::models))
-        .route("/tokenize", post(routes::tokens::tokenize))
-        .route("/detokenize", post(routes::tokens::detokenize))
+    let served = |access: Access| {
+        ROUTES
+            .iter()
+            .filter(|r| r.access == access)
+            .fold(Router::new(), |router, r| {
+                router.route(r.path, (r.handler)(r.method.filter()))
+            })
+    };
+    let api = served(Api)
         .route_layer(middleware::from_fn_with_state(
             limits.clone(),
             limit::per_key,
         ))
         .route_layer(require_key.clone());
-    // What the server counts is for its operators, not for every client.
-    let metrics = Router::new()
-        .route("/metrics", get(routes::info::metrics))
-        .route_layer(require_key.clone());
-    let probes = Router::new()
-        .route("/health", get(routes::info::health))
-        .route("/openapi.json", get(routes::info::openapi));
+    let metrics = served(Operator).route_layer(require_key.clone());
+    let probes = served(Probe);
     let (keyed, open) = if http.protect_probes {
         (
             api.merge(metrics).merge(probes.route_layer(require_key)),
@@ -235,7 +307,7 @@ pub fn router(state: AppState) -> Router {
     let keyed = keyed.route_layer(middleware::from_fn_with_state(limits, limit::per_ip));
     let mut app = keyed
         .merge(open)
-        .route("/", get(routes::ui::page)) // the chat page: never behind a key (it asks for one)
+        .merge(served(Page))
         .fallback(routes::info::not_found)
         .method_not_allowed_fallback(routes::info::method_not_allowed)
         .layer(DefaultBodyLimit::max(http.body_limit));
@@ -380,7 +452,7 @@ mod tests {
             .collect();
         let mut served: Vec<(String, String)> = ROUTES
             .iter()
-            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .map(|r| (r.method.name().to_owned(), r.path.to_owned()))
             .collect();
         documented.sort();
         served.sort();
