@@ -25,12 +25,12 @@ let
   serveArgs = import ./serve-args.nix;
 
   # systemd hands the key and certificate files to the unit's dynamic user in its credentials
-  # directory (%d), so the files themselves can stay root-only. Names and flags as in
-  # appliance/src/render/units.rs.
+  # directory (%d), so the files themselves can stay root-only. Names and flags: ./credentials.nix.
+  names = import ./credentials.nix;
   credentials = builtins.filter (c: c.file != null) [
-    { name = "api-keys"; file = cfg.apiKeyFile; flag = "--api-key-file"; }
-    { name = "tls-cert"; file = cfg.tlsCertFile; flag = "--tls-cert"; }
-    { name = "tls-key"; file = cfg.tlsKeyFile; flag = "--tls-key"; }
+    (names.apiKeys // { file = cfg.apiKeyFile; })
+    (names.tlsCert // { file = cfg.tlsCertFile; })
+    (names.tlsKey // { file = cfg.tlsKeyFile; })
   ];
   inStore = f: f != null && lib.hasPrefix builtins.storeDir (toString f);
 in

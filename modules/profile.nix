@@ -126,14 +126,15 @@ let
   secretsDir = "/var/lib/llm-secrets";
   keysOn = server.api_keys != "none";
   tlsOn = server.tls != "none";
-  # The systemd credentials the server loads and the flag naming each (appliance/src/render/units.rs).
+  # The systemd credentials the server loads and the flag naming each (./credentials.nix).
+  names = import ./credentials.nix;
   credentials =
-    (if keysOn then [ { name = "api-keys"; file = "${secretsDir}/api-keys"; flag = "--api-key-file"; } ] else [ ])
+    (if keysOn then [ (names.apiKeys // { file = "${secretsDir}/api-keys"; }) ] else [ ])
     ++ (
       if tlsOn then
         [
-          { name = "tls-cert"; file = "${secretsDir}/tls-cert.pem"; flag = "--tls-cert"; }
-          { name = "tls-key"; file = "${secretsDir}/tls-key.pem"; flag = "--tls-key"; }
+          (names.tlsCert // { file = "${secretsDir}/tls-cert.pem"; })
+          (names.tlsKey // { file = "${secretsDir}/tls-key.pem"; })
         ]
       else
         [ ]
