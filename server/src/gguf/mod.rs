@@ -52,6 +52,11 @@ pub enum GgufError {
     },
     #[error("tensor `{0}` is missing from the model file")]
     MissingTensor(String),
+    #[error("mlock of the model's {mib} MiB failed: {source}; raise the memlock limit (ulimit -l, LimitMEMLOCK=) or drop --mlock")]
+    Lock {
+        mib: usize,
+        source: nix::errno::Errno,
+    },
 }
 
 /// The fix for structural damage the reader cannot attribute to truncation.
@@ -206,17 +211,18 @@ impl Gguf {
 
     /// Locks the map into RAM (`mlock`), so the weights are never evicted. Needs
     /// `RLIMIT_MEMLOCK` (or `LimitMEMLOCK=` in the unit) at least the file's size.
-    pub fn lock(&self) -> Result<(), String> {
+    pub fn lock(&self) -> Result<(), GgufError> {
         let Bytes::Map(m) = &self.bytes else {
             return Ok(());
         };
-        let ptr = std::ptr::NonNull::new(m.as_ptr() as *mut std::ffi::c_void).ok_or("empty map")?;
+        // An empty map has nothing to lock.
+        let Some(ptr) = std::ptr::NonNull::new(m.as_ptr() as *mut std::ffi::c_void) else {
+            return Ok(());
+        };
         // SAFETY: the range is exactly our live mapping.
-        unsafe { nix::sys::mman::mlock(ptr, m.len()) }.map_err(|e| {
-            format!(
-                "mlock of {} MiB failed: {e}; raise the memlock limit (ulimit -l, LimitMEMLOCK=) or drop --mlock",
-                m.len() >> 20
-            )
+        unsafe { nix::sys::mman::mlock(ptr, m.len()) }.map_err(|source| GgufError::Lock {
+            mib: m.len() >> 20,
+            source,
         })
     }
 }

@@ -101,8 +101,7 @@ impl Model {
         // Failing to advise only costs speed; report nothing.
         let _ = gguf.advise_willneed();
         if opts.mlock {
-            gguf.lock()
-                .map_err(|e| ModelError::Gguf(GgufError::Malformed(e)))?;
+            gguf.lock()?;
         }
         ops::warm_up();
         Ok(Model {

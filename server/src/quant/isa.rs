@@ -90,16 +90,20 @@ pub fn selected() -> Choice {
     }
 }
 
+/// A kernel set this CPU cannot run.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--kernels {0}: this CPU lacks AVX512-VNNI with AVX512VL (Intel Cascade Lake, AMD Zen 4 and \
+     later have them); use --kernels avx2 or leave the flag out"
+)]
+pub struct Unsupported(pub Choice);
+
 /// Makes every later matmul run with `choice`, for the whole process (`--kernels`; tests and
 /// benches compare the sets). Refuses a set the CPU lacks, naming it, so that a flag can never
 /// turn into SIGILL.
-pub fn select(choice: Choice) -> Result<(), String> {
+pub fn select(choice: Choice) -> Result<(), Unsupported> {
     if choice == Choice::Vnni && detected() != Choice::Vnni {
-        return Err(
-            "--kernels vnni: this CPU lacks AVX512-VNNI with AVX512VL (Intel Cascade Lake, AMD \
-             Zen 4 and later have them); use --kernels avx2 or leave the flag out"
-                .into(),
-        );
+        return Err(Unsupported(choice));
     }
     SELECTED.store(1 + choice as u8, Ordering::Relaxed);
     Ok(())
