@@ -97,12 +97,13 @@ pub fn cargo() -> Command {
     command
 }
 
-/// This workspace's `llm-server` binary, built by cargo for the profile the calling test was
-/// built with (a no-op when it is current: the test build's library is reused): the test runs
-/// from target/<profile>/deps/, the binary lands in target/<profile>/. Built once per process.
-/// With the `test-hooks` feature, as the test build has it (server/Cargo.toml): without it cargo
-/// would compile the server again and put a binary without the hooks where the server's own
-/// tests (`CARGO_BIN_EXE_llm-server`, the same path) expect one with them.
+/// This workspace's `llm-server` binary as `cargo test --workspace` builds it for the profile the
+/// calling test was built with: the test runs from target/<profile>/deps/, the binary lands in
+/// target/<profile>/. Built once per process, by the same command as the test build, so that it
+/// is a no-op when that build is current: any other package selection (`-p llm-server`)
+/// resolves the dependencies' features differently and compiles the server again (minutes of
+/// release build), and would put a binary built otherwise where the server's own tests
+/// (`CARGO_BIN_EXE_llm-server`, the same path) expect this one, with its `test-hooks`.
 pub fn llm_server_binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
@@ -118,16 +119,7 @@ pub fn llm_server_binary() -> PathBuf {
                 None => panic!("no cargo profile directory above {}", exe.display()),
             };
             let status = cargo()
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "llm-server",
-                    "--bin",
-                    "llm-server",
-                    "--features",
-                    "test-hooks",
-                ])
+                .args(["test", "--workspace", "--no-run", "--quiet"])
                 .args(["--profile", profile])
                 .status()
                 .expect("run cargo");

@@ -1,6 +1,6 @@
 //! One compiled set of dependencies for the tests and the image: `cargo test --workspace`
 //! resolves the server's dependencies with every member's (dev-)dependencies' features,
-//! `cargo build -p llm-server` (the image build, the tests that run the binary) with the
+//! `cargo build -p llm-server` (the image build) with the
 //! server's own. Where the two differ, the dependency and everything above it (ring, rustls,
 //! the server's library: ten minutes of release build on two cores) is compiled twice; this
 //! test names the dependency and the features to add to server/Cargo.toml (as its `bitflags`
