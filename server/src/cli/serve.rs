@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use llm_server::engine::slot_store::SlotStore;
 use llm_server::engine::{Counters, Engine, Slots, DECODE_THREAD};
 use llm_server::gguf::Gguf;
 use llm_server::model::{LoadOptions, Model};
@@ -98,6 +99,15 @@ pub struct Serve {
     /// systemd watchdog pings stop (a long prompt chunk on a slow CPU must fit well inside).
     #[arg(long, default_value_t = HttpConfig::default().engine_stall.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     engine_stall_timeout: u64,
+    /// Directory of saved slots (llama-server's flag): each slot's conversation and KV cache is
+    /// restored from it at start, saved to it on SIGTERM/SIGINT and when idle, and
+    /// `POST /slots/{id}?action=save|restore|erase` works on files inside it.
+    #[arg(long, value_name = "DIR")]
+    slot_save_path: Option<PathBuf>,
+    /// With --slot-save-path: seconds a slot whose conversation changed stays idle before it
+    /// is saved (0: only on a graceful stop).
+    #[arg(long, default_value_t = 60, requires = "slot_save_path")]
+    slot_save_idle: u64,
     /// Start even when the memory plan does not fit the limits (only warn).
     #[arg(long)]
     ignore_memory_plan: bool,
@@ -114,6 +124,7 @@ impl Serve {
             Duration::from_secs(self.header_timeout),
             Duration::from_secs(self.request_timeout),
         )?;
+        let store = self.slot_store()?;
         let gguf = Gguf::open(&self.model)?;
         let checked = Checked::new(&gguf, self.sizing)?;
         let table = checked.table(&self.model.display().to_string());
@@ -166,7 +177,7 @@ impl Serve {
             .thread_name("http")
             .enable_all()
             .build()?;
-        let code = runtime.block_on(self.serve(gguf, checked, http, tls, limits, cpus))?;
+        let code = runtime.block_on(self.serve(gguf, checked, http, tls, limits, cpus, store))?;
         if code == ExitCode::SUCCESS {
             Ok(())
         } else {
@@ -182,6 +193,7 @@ impl Serve {
         tls: Option<tokio_rustls::TlsAcceptor>,
         limits: ConnLimits,
         cpus: usize,
+        store: Option<SlotStore>,
     ) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let addr = SocketAddr::new(self.host, self.port);
         let listener = listener::bind(addr).map_err(|e| {
@@ -206,6 +218,7 @@ impl Serve {
                 n_ctx: checked.plan.n_ctx,
                 queue: self.queue,
             },
+            store,
         };
         tokio::task::spawn_blocking({
             let (state, load_failed) = (state.clone(), load_failed.clone());
@@ -280,6 +293,25 @@ impl Serve {
     }
 }
 
+impl Serve {
+    /// The slot store of --slot-save-path, its directory created if missing.
+    fn slot_store(&self) -> Result<Option<SlotStore>, String> {
+        let Some(dir) = &self.slot_save_path else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(dir).map_err(|e| {
+            format!(
+                "--slot-save-path {}: cannot create the directory: {e}; give a writable directory",
+                dir.display()
+            )
+        })?;
+        Ok(Some(SlotStore {
+            dir: dir.clone(),
+            idle_save: (self.slot_save_idle > 0).then(|| Duration::from_secs(self.slot_save_idle)),
+        }))
+    }
+}
+
 /// The status of a process whose decode thread panicked: not 1, 2 or 3 (which systemd is told
 /// not to restart), so that systemd restarts it (70 is sysexits' EX_SOFTWARE).
 const EXIT_ENGINE_PANIC: i32 = 70;
@@ -304,6 +336,7 @@ struct Loader {
     model_id: String,
     options: LoadOptions,
     slots: Slots,
+    store: Option<SlotStore>,
 }
 
 impl Loader {
@@ -314,7 +347,7 @@ impl Loader {
     ) -> Result<Ready, Box<dyn std::error::Error>> {
         let started = std::time::Instant::now();
         let model = Arc::new(Model::from_gguf(gguf, &self.options)?);
-        let engine = Engine::start(model, self.slots, counters)?;
+        let engine = Engine::start_with_store(model, self.slots, counters, self.store)?;
         let model = engine.model();
         tracing::info!(
             "loaded {} in {:.2} s: {} slots x {} tokens, {} threads, chat template: {}",

@@ -45,6 +45,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/models"),
     ("post", "/tokenize"),
     ("post", "/detokenize"),
+    ("post", "/slots/{id_slot}"),
     ("get", "/health"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
@@ -211,6 +212,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(routes::info::models))
         .route("/tokenize", post(routes::tokens::tokenize))
         .route("/detokenize", post(routes::tokens::detokenize))
+        .route("/slots/{id_slot}", post(routes::slots::action))
         .route_layer(middleware::from_fn_with_state(
             limits.clone(),
             limit::per_key,
