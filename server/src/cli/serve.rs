@@ -124,7 +124,6 @@ impl Serve {
             Duration::from_secs(self.header_timeout),
             Duration::from_secs(self.request_timeout),
         )?;
-        let store = self.slot_store()?;
         let gguf = Gguf::open(&self.model)?;
         let checked = Checked::new(&gguf, self.sizing)?;
         let table = checked.table(&self.model.display().to_string());
@@ -177,7 +176,7 @@ impl Serve {
             .thread_name("http")
             .enable_all()
             .build()?;
-        let code = runtime.block_on(self.serve(gguf, checked, http, tls, limits, cpus, store))?;
+        let code = runtime.block_on(self.serve(gguf, checked, http, tls, limits, cpus))?;
         if code == ExitCode::SUCCESS {
             Ok(())
         } else {
@@ -193,8 +192,8 @@ impl Serve {
         tls: Option<tokio_rustls::TlsAcceptor>,
         limits: ConnLimits,
         cpus: usize,
-        store: Option<SlotStore>,
     ) -> Result<ExitCode, Box<dyn std::error::Error>> {
+        let store = self.slot_store()?;
         let addr = SocketAddr::new(self.host, self.port);
         let listener = listener::bind(addr).map_err(|e| {
             format!("cannot listen on {addr}: {e}; choose another --port or --host")

@@ -15,8 +15,7 @@ const KEY: &str = "sk-slots";
 
 /// A prompt of several hundred tokens.
 fn long_prompt() -> Value {
-    let text =
-        "The tide rises over the grey stones of the harbour, and the gulls call. ".repeat(8);
+    let text = "The tide rises over the grey stones of the harbour, and the gulls call. ".repeat(8);
     json!({"messages": [{"role": "user", "content": text}], "max_tokens": 12, "temperature": 0})
 }
 
