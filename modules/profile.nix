@@ -173,6 +173,8 @@ let
   # ProtectControlGroups is read-only): it sizes itself against them.
   serverConfinement = baseConfinement // {
     DynamicUser = true;
+    # /var/lib/llm-server: the slots' caches (serve-args.nix's --slot-save-path).
+    StateDirectory = "llm-server";
     ProtectHome = true;
     RestrictAddressFamilies = [
       "AF_INET"

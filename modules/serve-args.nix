@@ -23,6 +23,8 @@
   (toString contextSize)
   "--parallel"
   (toString parallel)
+  "--slot-save-path"
+  "/var/lib/llm-server/slots"
   "--rate-limit-key"
   (toString limits.rate_per_key_per_min)
   "--rate-limit-ip"

@@ -43,6 +43,10 @@ pub fn credential_args(profile: &Profile) -> Vec<String> {
 /// `::/0` is served, not only promised. The nftables allowlist decides who may connect.
 pub const SERVER_HOST: &str = "::";
 
+/// Where the server keeps its slots' caches across restarts (`--slot-save-path`), inside the
+/// unit's `StateDirectory=`.
+pub const SLOT_SAVE_PATH: &str = "/var/lib/llm-server/slots";
+
 /// The arguments of `llm-server serve` (server/src/cli/serve.rs), one word each, as
 /// modules/serve-args.nix gives them to the NixOS module; the credentials' flags follow them
 /// ([`credential_args`]).
@@ -61,6 +65,8 @@ pub fn server_args(profile: &Profile) -> Vec<String> {
         s.ctx_size.to_string(),
         "--parallel".to_owned(),
         s.parallel.to_string(),
+        "--slot-save-path".to_owned(),
+        SLOT_SAVE_PATH.to_owned(),
     ];
     for (flag, value) in [
         ("--rate-limit-key", l.rate_per_key_per_min),
@@ -293,10 +299,12 @@ fn confinement_with(extra: &[(&'static str, String)]) -> Vec<(&'static str, Stri
 }
 
 /// The server's: an unprivileged dynamic user with no home, sockets for its clients and for
-/// sd_notify, and no way to the metadata service ([`server_ip_deny`]).
+/// sd_notify, no way to the metadata service ([`server_ip_deny`]), and a state directory of its
+/// own for the slots' caches ([`SLOT_SAVE_PATH`]).
 fn server_confinement(profile: &Profile) -> Vec<(&'static str, String)> {
     confinement_with(&[
         ("DynamicUser", "yes".into()),
+        ("StateDirectory", "llm-server".into()),
         ("ProtectHome", "yes".into()),
         ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX".into()),
         ("IPAddressDeny", server_ip_deny(profile).join(" ")),

@@ -98,7 +98,7 @@ fn server_unit() {
             "Type=notify",
             "NotifyAccess=main",
             "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/gemma-3-270m-q4_k_m.gguf --host :: --port 8080 --ctx-size 2048 --parallel 2 \
-             --rate-limit-key 60 --rate-limit-ip 120 --rate-burst 10 --max-connections 64 \
+             --slot-save-path /var/lib/llm-server/slots --rate-limit-key 60 --rate-limit-ip 120 --rate-burst 10 --max-connections 64 \
              --header-timeout 10 --body-timeout 30 --default-max-tokens 256 --engine-stall-timeout 60 \
              --max-connections-per-ip 8 --idle-timeout 30 --write-timeout 30 --max-connection-age 900 \
              --max-grammar-bytes 65536 --max-tokenize-bytes 262144 --grammar-timeout 10 --grammar-compiles 1 \
@@ -119,6 +119,7 @@ fn server_unit() {
             "MemoryHigh=576M",
             "MemoryMax=640M",
             "DynamicUser=yes",
+            "StateDirectory=llm-server",
             "ProtectSystem=strict",
             "ProtectHome=yes",
             "PrivateTmp=yes",

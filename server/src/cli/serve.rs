@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use llm_server::engine::slot_store::SlotStore;
 use llm_server::engine::{Counters, Engine, Slots, DECODE_THREAD};
 use llm_server::exit::{Refusal, Status};
 use llm_server::gguf::Gguf;
@@ -98,6 +99,15 @@ pub struct Serve {
     /// systemd watchdog pings stop (a long prompt chunk on a slow CPU must fit well inside).
     #[arg(long, default_value_t = HttpConfig::default().engine_stall.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     engine_stall_timeout: u64,
+    /// Directory of saved slots (llama-server's flag): each slot's conversation and KV cache is
+    /// restored from it at start, saved to it on SIGTERM/SIGINT and when idle, and
+    /// `POST /slots/{id}?action=save|restore|erase` works on files inside it.
+    #[arg(long, value_name = "DIR")]
+    slot_save_path: Option<PathBuf>,
+    /// With --slot-save-path: seconds a slot whose conversation changed stays idle before it
+    /// is saved (0: only on a graceful stop).
+    #[arg(long, default_value_t = 60, requires = "slot_save_path")]
+    slot_save_idle: u64,
     /// Start even when the memory plan does not fit the limits (only warn).
     #[arg(long)]
     ignore_memory_plan: bool,
@@ -182,6 +192,7 @@ impl Serve {
         limits: ConnLimits,
         cpus: usize,
     ) -> CliResult {
+        let store = self.slot_store()?;
         let addr = SocketAddr::new(self.host, self.port);
         let listener = listener::bind(addr).map_err(|e| {
             format!("cannot listen on {addr}: {e}; choose another --port or --host")
@@ -205,6 +216,7 @@ impl Serve {
                 n_ctx: checked.plan.n_ctx,
                 queue: self.queue,
             },
+            store,
         };
         tokio::task::spawn_blocking({
             let (state, load_failed) = (state.clone(), load_failed.clone());
@@ -278,6 +290,25 @@ impl Serve {
     }
 }
 
+impl Serve {
+    /// The slot store of --slot-save-path, its directory created if missing.
+    fn slot_store(&self) -> Result<Option<SlotStore>, String> {
+        let Some(dir) = &self.slot_save_path else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(dir).map_err(|e| {
+            format!(
+                "--slot-save-path {}: cannot create the directory: {e}; give a writable directory",
+                dir.display()
+            )
+        })?;
+        Ok(Some(SlotStore {
+            dir: dir.clone(),
+            idle_save: (self.slot_save_idle > 0).then(|| Duration::from_secs(self.slot_save_idle)),
+        }))
+    }
+}
+
 /// A panic on the decode thread ends the process: queued requests would otherwise wait for ever
 /// on a thread that is gone. Panics elsewhere (a request's task) stay that request's failure.
 fn exit_on_engine_panic() {
@@ -299,6 +330,7 @@ struct Loader {
     model_id: String,
     options: LoadOptions,
     slots: Slots,
+    store: Option<SlotStore>,
 }
 
 impl Loader {
@@ -309,7 +341,7 @@ impl Loader {
     ) -> Result<Ready, Box<dyn std::error::Error>> {
         let started = std::time::Instant::now();
         let model = Arc::new(Model::from_gguf(gguf, &self.options)?);
-        let engine = Engine::start(model, self.slots, counters)?;
+        let engine = Engine::start_with_store(model, self.slots, counters, self.store)?;
         let model = engine.model();
         tracing::info!(
             "loaded {} in {:.2} s: {} slots x {} tokens, {} threads, chat template: {}",

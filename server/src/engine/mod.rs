@@ -8,15 +8,17 @@ mod draft;
 mod generation;
 mod job;
 mod scheduler;
+pub mod slot_store;
 mod stop;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::model::Model;
 use chat_template::{ChatTemplate, TemplateError, Turn};
 use job::Job;
 use scheduler::Scheduler;
+use slot_store::{SlotAction, SlotError, SlotOp, SlotOutcome, SlotStore};
 
 pub use counters::{Counters, Liveness};
 
@@ -61,8 +63,19 @@ impl Engine {
         slots: Slots,
         counters: Arc<Counters>,
     ) -> Result<Engine, StartError> {
+        Self::start_with_store(model, slots, counters, None)
+    }
+
+    /// [`Engine::start`], with the slots restored from `store` first and saved to it
+    /// ([`slot_store`]).
+    pub fn start_with_store(
+        model: Arc<Model>,
+        slots: Slots,
+        counters: Arc<Counters>,
+        store: Option<SlotStore>,
+    ) -> Result<Engine, StartError> {
         let template = ChatTemplate::for_model(&model)?;
-        let scheduler = Scheduler::start(model.clone(), slots, counters)?;
+        let scheduler = Scheduler::start(model.clone(), slots, counters, store)?;
         Ok(Engine {
             model,
             template,
@@ -136,6 +149,33 @@ impl Engine {
             output,
         })?;
         Ok(events)
+    }
+
+    /// Whether slots can be saved and restored (`--slot-save-path`).
+    pub fn has_slot_store(&self) -> bool {
+        self.scheduler.has_store()
+    }
+
+    /// Runs `action` on slot `slot` once it is free, with `file` a name inside the store's
+    /// directory (checked by the caller with [`slot_store::check_file_name`]); blocks for at
+    /// most `wait`.
+    pub fn slot_action(
+        &self,
+        slot: usize,
+        action: SlotAction,
+        file: String,
+        wait: Duration,
+    ) -> Result<SlotOutcome, SlotError> {
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        self.scheduler.submit_op(SlotOp {
+            slot,
+            action,
+            file,
+            reply,
+        })?;
+        answer
+            .recv_timeout(wait)
+            .unwrap_or(Err(SlotError::TimedOut))
     }
 
     /// Fails every queued and running job with [`JobFailure::ShuttingDown`], refuses new ones

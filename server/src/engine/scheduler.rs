@@ -9,12 +9,16 @@
 //! where slots would otherwise fight over the same CPUs. Jobs come in through the queue and
 //! report through their own pipe; an owner that goes away (the client disconnected) drops its
 //! receiver, and the slot is freed at its next step.
+//!
+//! With a [`SlotStore`], slots are restored from disk before the thread starts, saved when they
+//! have been idle a while and when it stops, and slot actions (`POST /slots/{id}`) queue here
+//! for the thread, which runs each once its slot is free ([`slot_store`](super::slot_store)).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
@@ -22,6 +26,7 @@ use super::counters::Counters;
 use super::draft;
 use super::generation::{FinishReason, Usage};
 use super::job::{End, Job, JobFailure, Refused};
+use super::slot_store::{self, SlotError, SlotOp, SlotStore, Store};
 use super::stop::StopMatcher;
 use super::Slots;
 use crate::grammar::Constraint;
@@ -38,6 +43,8 @@ pub(super) struct Scheduler {
     thread: Mutex<Option<JoinHandle<()>>>,
     n_ctx: usize,
     queue_capacity: usize,
+    parallel: usize,
+    has_store: bool,
 }
 
 struct Shared {
@@ -48,6 +55,8 @@ struct Shared {
 
 struct State {
     pending: VecDeque<Job>,
+    /// Slot actions waiting for their slot to be free.
+    ops: VecDeque<SlotOp>,
     /// Slots without a job, as the decode thread last left them.
     idle_slots: usize,
     stopping: bool,
@@ -60,29 +69,44 @@ impl Shared {
 }
 
 impl Scheduler {
-    /// Allocates one session of `n_ctx` tokens per slot and starts the decode thread.
+    /// Allocates one session of `n_ctx` tokens per slot, restores them from `store`, and
+    /// starts the decode thread.
     pub fn start(
         model: Arc<Model>,
         slots: Slots,
         counters: Arc<Counters>,
+        store: Option<SlotStore>,
     ) -> std::io::Result<Scheduler> {
         let Slots {
             parallel,
             n_ctx,
             queue: queue_capacity,
         } = slots;
-        let slots: Vec<Slot> = (0..parallel)
+        let now = Instant::now();
+        let mut slots: Vec<Slot> = (0..parallel)
             .map(|_| Slot {
                 session: model.new_session(n_ctx),
                 task: None,
                 last_used: 0,
                 decoding: false,
+                changed: false,
+                idle_since: now,
             })
             .collect();
+        let has_store = store.is_some();
+        let store = store.map(|config| {
+            let store = Store::new(config, &model);
+            store.clean_temporaries();
+            for (id, slot) in slots.iter_mut().enumerate() {
+                store.restore_at_start(&model, id, &mut slot.session);
+            }
+            store
+        });
         counters.slots.store(parallel as u64, Relaxed);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: VecDeque::with_capacity(queue_capacity + parallel),
+                ops: VecDeque::with_capacity(slot_store::MAX_PENDING),
                 idle_slots: parallel,
                 stopping: false,
             }),
@@ -93,14 +117,45 @@ impl Scheduler {
             .name(super::DECODE_THREAD.into())
             .spawn({
                 let shared = shared.clone();
-                move || decode_loop(&model, &shared, slots)
+                move || decode_loop(&model, &shared, slots, store.as_ref())
             })?;
         Ok(Scheduler {
             shared,
             thread: Mutex::new(Some(thread)),
             n_ctx,
             queue_capacity,
+            parallel,
+            has_store,
         })
+    }
+
+    /// Whether slots are saved (`--slot-save-path`).
+    pub fn has_store(&self) -> bool {
+        self.has_store
+    }
+
+    /// Queues a slot action for the decode thread; its answer comes on `op.reply`.
+    pub fn submit_op(&self, op: SlotOp) -> Result<(), SlotError> {
+        if !self.has_store {
+            return Err(SlotError::NotEnabled);
+        }
+        if op.slot >= self.parallel {
+            return Err(SlotError::NoSuchSlot {
+                id: op.slot,
+                slots: self.parallel,
+            });
+        }
+        let mut state = self.shared.lock();
+        if state.stopping {
+            return Err(SlotError::ShuttingDown);
+        }
+        if state.ops.len() >= slot_store::MAX_PENDING {
+            return Err(SlotError::Busy);
+        }
+        state.ops.push_back(op);
+        drop(state);
+        self.shared.wake.notify_one();
+        Ok(())
     }
 
     /// Each slot's context size.
@@ -156,6 +211,10 @@ struct Slot {
     last_used: u64,
     /// The task's last token is to be evaluated in this round's batched pass.
     decoding: bool,
+    /// The conversation changed since the slot's file was last written or read.
+    changed: bool,
+    /// When the slot's last task ended.
+    idle_since: Instant,
 }
 
 /// The outcome of one step of a slot.
@@ -194,27 +253,47 @@ struct Task {
     accepted: usize,
 }
 
-fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
+/// Why the decode thread left its wait, when not to run a round.
+enum Wake {
+    Round,
+    Op(SlotOp),
+    SaveIdle,
+    Stop,
+}
+
+fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>, store: Option<&Store>) {
     let counters = &shared.counters;
     let slot_count = slots.len();
     let mut jobs_taken = 0u64;
     loop {
         counters.beat();
-        {
+        let wake = {
             let mut state = shared.lock();
             loop {
                 if state.stopping {
                     for job in state.pending.drain(..) {
                         job.output.end(End::Failed(JobFailure::ShuttingDown));
                     }
+                    for op in state.ops.drain(..) {
+                        let _ = op.reply.send(Err(SlotError::ShuttingDown));
+                    }
                     for slot in &mut slots {
                         if let Some(task) = slot.task.take() {
                             task.job.output.end(End::Failed(JobFailure::ShuttingDown));
+                            slot.changed = true;
                         }
                     }
                     counters.queue_depth.store(0, Relaxed);
                     counters.busy_slots.store(0, Relaxed);
-                    return;
+                    break Wake::Stop;
+                }
+                // An action on a free slot goes before the jobs waiting for one.
+                let free_op = state
+                    .ops
+                    .iter()
+                    .position(|op| slots[op.slot].task.is_none());
+                if let Some(op) = free_op.and_then(|i| state.ops.remove(i)) {
+                    break Wake::Op(op);
                 }
                 drop_abandoned(&mut state.pending, counters);
                 while state.idle_slots > 0 {
@@ -242,10 +321,54 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>) {
                 let busy = slots.len() - state.idle_slots;
                 counters.busy_slots.store(busy as u64, Relaxed);
                 if busy > 0 {
-                    break;
+                    break Wake::Round;
                 }
-                state =
-                    counters.idle(|| shared.wake.wait(state).unwrap_or_else(|e| e.into_inner()));
+                let due = store
+                    .and_then(|s| s.config.idle_save)
+                    .and_then(|after| next_idle_save(&slots, after));
+                match due {
+                    Some(at) if at <= Instant::now() => break Wake::SaveIdle,
+                    Some(at) => {
+                        let wait = at - Instant::now();
+                        state = counters.idle(|| {
+                            let waited = shared.wake.wait_timeout(state, wait);
+                            waited.map_or_else(|e| e.into_inner().0, |(s, _)| s)
+                        });
+                    }
+                    None => {
+                        state = counters
+                            .idle(|| shared.wake.wait(state).unwrap_or_else(|e| e.into_inner()));
+                    }
+                }
+            }
+        };
+        match wake {
+            Wake::Round => {}
+            Wake::Stop => {
+                if let Some(store) = store {
+                    save_changed(model, store, &mut slots, None);
+                }
+                return;
+            }
+            Wake::SaveIdle => {
+                if let Some(store) = store {
+                    let after = store.config.idle_save.unwrap_or_default();
+                    save_changed(model, store, &mut slots, Some(after));
+                }
+                continue;
+            }
+            Wake::Op(op) => {
+                if let Some(store) = store {
+                    let slot = &mut slots[op.slot];
+                    let result = store.run(model, &mut slot.session, &op);
+                    // A restore or erase changes the conversation; a failed restore empties it.
+                    if op.action != slot_store::SlotAction::Save {
+                        slot.changed = true;
+                        slot.idle_since = Instant::now();
+                    }
+                    let _ = op.reply.send(result);
+                }
+                continue;
             }
         }
         // A chunk of its prompt for each slot reading one, then one token of every generating
@@ -343,6 +466,29 @@ fn pick_slot<'s>(slots: &'s mut [Slot], model: &Model, job: &Job) -> &'s mut Slo
             .0
     });
     &mut slots[index]
+}
+
+/// When the next changed slot is due to be saved, idle for `after`.
+fn next_idle_save(slots: &[Slot], after: Duration) -> Option<Instant> {
+    slots
+        .iter()
+        .filter(|s| s.changed && s.task.is_none())
+        .map(|s| s.idle_since + after)
+        .min()
+}
+
+/// Saves every free slot whose conversation changed (and that has been idle for `after`, if
+/// given) to its own file.
+fn save_changed(model: &Model, store: &Store, slots: &mut [Slot], after: Option<Duration>) {
+    let now = Instant::now();
+    for (id, slot) in slots.iter_mut().enumerate() {
+        let due = after.is_none_or(|after| slot.idle_since + after <= now);
+        if slot.changed && slot.task.is_none() && due {
+            // A failed save is not retried until the slot changes again: the log said why.
+            store.autosave(model, id, &slot.session);
+            slot.changed = false;
+        }
+    }
 }
 
 /// Removes queued jobs whose client left or whose time ran out while waiting.
@@ -506,6 +652,8 @@ impl Slot {
             slot_count - state.idle_slots
         };
         shared.counters.busy_slots.store(busy as u64, Relaxed);
+        self.changed = true;
+        self.idle_since = Instant::now();
         if let Some(end) = last {
             task.job.output.end(end);
         }

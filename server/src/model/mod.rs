@@ -12,6 +12,7 @@ mod attention;
 mod config;
 mod footprint;
 mod kv_cache;
+pub mod kv_file;
 mod matmul;
 mod ops;
 mod scratch;

@@ -19,15 +19,19 @@ use crate::quant::{dequantize_row, DotOrder};
 type LogitsSink<'a> = &'a mut dyn FnMut(usize, &[f32]);
 
 pub struct Session {
-    n_ctx: usize,
-    n_past: usize,
+    pub(super) n_ctx: usize,
+    pub(super) n_past: usize,
     /// The tokens at positions `0..n_past`: what the KV cache holds.
-    tokens: Vec<u32>,
+    pub(super) tokens: Vec<u32>,
+    /// One past the highest position written since the session was cleared. A rewind (a
+    /// rejected draft) leaves it above `n_past`, and a sliding-window ring has lost the
+    /// positions those writes overwrote: its intact positions are `written - cells..n_past`.
+    pub(super) written: usize,
     /// Positions below this hold their keys and values already, though past `n_past`: a prompt
     /// the cache holds whole is resumed one token early, for its logits, and that token's keys
     /// and values are not written again ([`Session::resume`]).
-    kept: usize,
-    kv: KvCache,
+    pub(super) kept: usize,
+    pub(super) kv: KvCache,
     s: Scratch,
 }
 
@@ -39,6 +43,7 @@ impl Session {
             n_ctx,
             n_past: 0,
             tokens: Vec::with_capacity(n_ctx),
+            written: 0,
             kept: 0,
             kv: KvCache::new(&m.config, n_ctx),
             s: Scratch::new(layout, &m.weights),
@@ -90,8 +95,11 @@ impl Session {
     }
 
     /// Keeps the first `n` positions.
-    fn truncate(&mut self, n: usize) {
+    pub(super) fn truncate(&mut self, n: usize) {
         self.n_past = self.n_past.min(n);
+        if self.n_past == 0 {
+            self.written = 0;
+        }
         self.tokens.truncate(self.n_past);
         self.kept = 0;
     }
@@ -108,7 +116,10 @@ impl Session {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len().saturating_sub(1));
-        if self.kv.can_resume(&m.config, self.n_past, shared) {
+        if self
+            .kv
+            .can_resume(&m.config, self.n_past.max(self.written), shared)
+        {
             shared
         } else {
             0
@@ -230,6 +241,7 @@ impl Session {
         };
         layers(&b, tokens, rows.outputs, &mut [&mut self.kv], &mut self.s);
         self.n_past += b.n;
+        self.written = self.written.max(self.n_past);
         self.kept = 0;
         self.tokens.extend_from_slice(tokens);
     }
@@ -308,6 +320,7 @@ pub fn decode_batch(
     s.logits = own;
     for (session, input) in sessions.iter_mut().zip(inputs) {
         session.n_past += input.len();
+        session.written = session.written.max(session.n_past);
         session.kept = 0;
         session.tokens.extend_from_slice(input);
     }

@@ -56,6 +56,9 @@ pub const ROUTES: &[Route] = &[
     route(Post, "/detokenize", Api, |m| {
         on(m, routes::tokens::detokenize)
     }),
+    route(Post, "/slots/{id_slot}", Api, |m| {
+        on(m, routes::slots::action)
+    }),
     route(Get, "/metrics", Operator, |m| on(m, routes::info::metrics)),
     route(Get, "/health", Probe, |m| on(m, routes::info::health)),
     route(Get, "/openapi.json", Probe, |m| {

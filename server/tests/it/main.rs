@@ -32,6 +32,7 @@ mod serve_memory;
 mod serve_schemathesis;
 mod serve_sdks;
 mod serve_security;
+mod serve_slot_save;
 mod serve_slots;
 mod serve_structured;
 mod serve_tls;

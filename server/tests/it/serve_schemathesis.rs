@@ -16,7 +16,14 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     // A few tokens per generation: the fuzzer sends hundreds of requests.
     let s = Server::start(
         &synth_model(),
-        &["--api-key-file", &keys, "--default-max-tokens", "8"],
+        &[
+            "--api-key-file",
+            &keys,
+            "--default-max-tokens",
+            "8",
+            "--slot-save-path",
+            dir.join("slots").to_str().unwrap(),
+        ],
     );
     let url = format!("http://{}/openapi.json", s.addr);
     let out = Command::new("schemathesis")

@@ -5,6 +5,7 @@ pub mod generate;
 pub mod info;
 pub mod messages;
 pub mod responses;
+pub mod slots;
 pub mod tokens;
 pub mod ui;
 
