@@ -19,7 +19,7 @@ pub use numbers::MAX_DIGITS;
 use std::fmt;
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{SimpleVob, TokEnv, TokenizerEnv};
+use llguidance::toktrie::{SimpleVob, TokEnv};
 use llguidance::Matcher;
 
 use numbers::NumberBounds;
