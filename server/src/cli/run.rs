@@ -42,6 +42,11 @@ pub struct Run {
     /// Tokens of context [default: the prompt plus -n, at most the model's training context].
     #[arg(long, short = 'c')]
     ctx_size: Option<usize>,
+    /// Print the control tokens the model writes (Gemma's `<start_of_turn>`) as their text;
+    /// without it they print as nothing, as in llama.cpp (`--special`). Tokens the vocabulary
+    /// types as user-defined (Gemma's `<start_of_image>`) are text either way, as in llama.cpp.
+    #[arg(long)]
+    special: bool,
     /// Print load, prompt and generation speeds to stderr.
     #[arg(long, short)]
     verbose: bool,
@@ -90,7 +95,7 @@ impl Run {
             model.config().n_vocab,
         );
         let mut session = model.new_session(n_ctx);
-        let mut text = StreamDecoder::new(false);
+        let mut text = StreamDecoder::new(self.special);
         let mut out = io::stdout().lock();
         // The prompt and the tokens generated so far (the sampler's penalties look at them).
         let mut history = Vec::with_capacity(n_ctx);

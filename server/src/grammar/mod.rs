@@ -11,13 +11,18 @@
 mod factory;
 pub use factory::GRAMMAR_STATE_BYTES;
 pub mod gbnf;
+mod numbers;
 mod vocab;
+
+pub use numbers::MAX_DIGITS;
 
 use std::fmt;
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::SimpleVob;
+use llguidance::toktrie::{SimpleVob, TokEnv};
 use llguidance::Matcher;
+
+use numbers::NumberBounds;
 
 use crate::tokenizer::Tokenizer;
 
@@ -30,7 +35,8 @@ pub enum Spec {
     JsonSchema(serde_json::Value),
     /// Text of this GBNF grammar (llama.cpp's syntax), start rule `root`.
     Gbnf(String),
-    /// A grammar already in llguidance's Lark dialect (built here, e.g. for tool calls).
+    /// A grammar already in llguidance's Lark dialect, built here from JSON schemas (tool
+    /// calls): its numbers are bounded as JSON's are.
     Lark(String),
 }
 
@@ -43,6 +49,11 @@ pub struct GrammarError(pub String);
 #[derive(Clone)]
 pub struct Constraint {
     matcher: Matcher,
+    /// The vocabulary's token bytes, for [`NumberBounds`].
+    tok_env: TokEnv,
+    /// Where the output is in its JSON, for output that is JSON; `None` for GBNF grammars,
+    /// whose numbers are as the client wrote them.
+    numbers: Option<NumberBounds>,
 }
 
 impl fmt::Debug for Constraint {
@@ -58,6 +69,12 @@ fn json_options() -> serde_json::Value {
 }
 
 impl Spec {
+    /// Whether the output is JSON (or JSON in fixed tags), whose numbers get at most
+    /// [`MAX_DIGITS`] digits in each part.
+    fn bounds_numbers(&self) -> bool {
+        !matches!(self, Spec::Gbnf(_))
+    }
+
     /// The Lark text handed to llguidance.
     fn to_lark(&self) -> Result<String, GrammarError> {
         Ok(match self {
@@ -109,22 +126,36 @@ impl Constraint {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError(explain(&e)));
         }
-        Ok(Constraint { matcher })
+        Ok(Constraint {
+            matcher,
+            tok_env: factory.tok_env().clone(),
+            numbers: spec.bounds_numbers().then(NumberBounds::default),
+        })
     }
 
     /// The tokens allowed next; end-of-generation tokens are allowed exactly when the output
-    /// so far is complete.
+    /// so far is complete. In JSON, no number gets more than [`MAX_DIGITS`] digits in a part
+    /// unless the grammar allows nothing else.
     pub fn mask(&mut self) -> Result<SimpleVob, GrammarError> {
-        self.matcher
+        let mut mask = self
+            .matcher
             .compute_mask_or_eos()
-            .map_err(|e| GrammarError(e.to_string()))
+            .map_err(|e| GrammarError(e.to_string()))?;
+        if let Some(numbers) = self.numbers {
+            numbers.narrow(&mut mask, self.tok_env.tok_trie());
+        }
+        Ok(mask)
     }
 
     /// Follows the chosen token (one the last mask allowed).
     pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
         self.matcher
             .consume_token(token)
-            .map_err(|e| GrammarError(e.to_string()))
+            .map_err(|e| GrammarError(e.to_string()))?;
+        if let Some(numbers) = self.numbers.as_mut() {
+            numbers.follow(self.tok_env.tok_trie().token(token));
+        }
+        Ok(())
     }
 
     /// True when nothing can follow: the output is complete and must end.

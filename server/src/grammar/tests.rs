@@ -182,3 +182,139 @@ fn deeply_nested_json_schemas_do_not_overflow_the_stack() {
         assert!(e.0.contains("grammar"), "{e}");
     }
 }
+
+/// A picker for [`walk`]: the first of `texts` that is allowed (the list in order of
+/// preference), else the first token allowed.
+fn prefer<'a>(tok: &'a Tokenizer, texts: &'a [&'a str]) -> impl Fn(&[u32], usize) -> u32 + 'a {
+    move |allowed, _| {
+        texts
+            .iter()
+            .find_map(|want| {
+                allowed
+                    .iter()
+                    .copied()
+                    .find(|&t| tok.piece(t, false) == want.as_bytes())
+            })
+            .unwrap_or(allowed[0])
+    }
+}
+
+/// An object schema of one required property.
+fn one_field(name: &str, schema: serde_json::Value) -> Spec {
+    Spec::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {name: schema},
+        "required": [name],
+        "additionalProperties": false
+    }))
+}
+
+/// A model that only wants to write digits (issue 44's base model at temperature 0.7) still
+/// closes the object: an integer gets at most 16 digits, as llama.cpp's schema grammar allows.
+#[test]
+fn an_integer_cannot_take_a_17th_digit() {
+    let tok = tokenizer();
+    let spec = one_field("population", serde_json::json!({"type": "integer"}));
+    let (text, ended) = walk(&tok, &spec, 60, prefer(&tok, &["7", "}"]));
+    assert!(ended, "{text:?}");
+    assert_eq!(text, format!("{{\"population\": {}}}", "7".repeat(16)));
+}
+
+#[test]
+fn a_numbers_fraction_and_exponent_take_at_most_16_digits() {
+    let tok = tokenizer();
+    let spec = one_field("x", serde_json::json!({"type": "number"}));
+    let sevens = "7".repeat(16);
+    let (text, ended) = walk(&tok, &spec, 90, prefer(&tok, &["7", ".", "e", "}"]));
+    assert!(ended, "{text:?}");
+    assert_eq!(text, format!("{{\"x\": {sevens}.{sevens}e{sevens}}}"));
+    // Without an exponent it is a JSON number as any parser reads it.
+    let (text, ended) = walk(&tok, &spec, 60, prefer(&tok, &["7", ".", "}"]));
+    assert!(ended, "{text:?}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(v["x"].is_f64(), "{text}");
+}
+
+/// The bound is on digits outside strings only: a string of digits is text.
+#[test]
+fn digits_in_strings_are_not_bounded() {
+    let tok = tokenizer();
+    let spec = one_field("s", serde_json::json!({"type": "string", "maxLength": 20}));
+    let (text, ended) = walk(&tok, &spec, 60, prefer(&tok, &["7", "\""]));
+    assert!(ended, "{text:?}");
+    assert_eq!(text, format!("{{\"s\": \"{}\"}}", "7".repeat(20)));
+}
+
+#[test]
+fn leading_zeros_are_refused() {
+    let tok = tokenizer();
+    for ty in ["integer", "number"] {
+        let spec = one_field("n", serde_json::json!({"type": ty}));
+        let (text, ended) = walk(&tok, &spec, 30, prefer(&tok, &["0", "-", "}"]));
+        assert!(ended, "{text:?}");
+        assert!(
+            text == "{\"n\": 0}" || text == "{\"n\": -0}",
+            "{ty}: {text}"
+        );
+    }
+}
+
+#[test]
+fn max_length_and_max_items_are_honoured() {
+    let tok = tokenizer();
+    let spec = one_field("s", serde_json::json!({"type": "string", "maxLength": 5}));
+    let (text, ended) = walk(&tok, &spec, 60, prefer(&tok, &["a", "\"", "}"]));
+    assert!(ended, "{text:?}");
+    assert_eq!(text, "{\"s\": \"aaaaa\"}");
+
+    let items = serde_json::json!({"type": "array", "items": {"type": "string"}, "maxItems": 3});
+    let spec = one_field("xs", items);
+    let (text, ended) = walk(&tok, &spec, 60, prefer(&tok, &["\"", ",", " ", "]", "}"]));
+    assert!(ended, "{text:?}");
+    assert_eq!(text, "{\"xs\": [\"\", \"\", \"\"]}");
+}
+
+/// Explicit bounds still hold, and win over the 16 digits where they need more.
+#[test]
+fn explicit_minimum_and_maximum_are_honoured() {
+    let tok = tokenizer();
+    let spec = one_field(
+        "n",
+        serde_json::json!({"type": "integer", "minimum": 0, "maximum": 500}),
+    );
+    let (text, _) = walk(&tok, &spec, 30, prefer(&tok, &["7", "}"]));
+    assert_eq!(text, "{\"n\": 77}");
+
+    // 18 digits required: the grammar allows nothing but digits, so digits stay allowed.
+    let big = serde_json::json!({"type": "integer", "minimum": 1e17, "maximum": 2e17});
+    let (text, ended) = walk(&tok, &one_field("n", big), 40, prefer(&tok, &["1", "}"]));
+    assert!(ended, "{text:?}");
+    assert_eq!(text, format!("{{\"n\": {}}}", "1".repeat(18)));
+
+    let unit = serde_json::json!({"type": "number", "minimum": 0, "maximum": 1});
+    let (text, ended) = walk(
+        &tok,
+        &one_field("x", unit),
+        40,
+        prefer(&tok, &["7", "0", ".", "}"]),
+    );
+    assert!(ended, "{text:?}");
+    assert_eq!(text, format!("{{\"x\": 0.{}}}", "7".repeat(16)));
+
+    // A literal longer than the bound is written whole (one llguidance writes exactly: it
+    // reads schema numbers as f64).
+    let long = serde_json::json!({"const": 10_000_000_000_000_000_000u64});
+    let (text, ended) = walk(&tok, &one_field("id", long), 40, prefer(&tok, &["}"]));
+    assert!(ended, "{text:?}");
+    assert_eq!(text, "{\"id\": 10000000000000000000}");
+}
+
+/// GBNF grammars are the client's own: their numbers are as they wrote them.
+#[test]
+fn gbnf_digits_are_not_bounded() {
+    let tok = tokenizer();
+    let spec = Spec::Gbnf("root ::= [0-9]+ \"!\"\n".into());
+    let (text, ended) = walk(&tok, &spec, 30, prefer(&tok, &["7", "!"]));
+    assert!(!ended, "{text:?}");
+    assert_eq!(text, "7".repeat(30));
+}

@@ -1,6 +1,7 @@
 //! Constrained decoding through the official `openai` SDK against the default model: 20 JSON
 //! schemas (plain and streamed, chat and completions) whose answers must parse and validate
-//! with `jsonschema`, `json_object`, a GBNF grammar, and a 400 naming an unsupported keyword.
+//! with `jsonschema`, `json_object`, a GBNF grammar, and a 400 naming an unsupported keyword;
+//! schemas without bounds whose answers still close (issue 44); control tokens kept out of text.
 
 use crate::serve_support::app::{App, AppConfig};
 use llm_server::engine::Slots;
@@ -253,4 +254,34 @@ fn tool_calls_with_the_openai_sdk() {
         "{}",
         v["after_tool"]
     );
+}
+
+/// Issue 44: `{"population": {"type": "integer"}}` at temperature 0.7 made the default base model
+/// write digits until max_tokens. With numbers bounded as llama.cpp bounds them (16 digits a
+/// part), a schema of unbounded integer, number and string fields gives valid JSON within 120
+/// tokens on every seed, through the `openai` SDK against `llm-server serve`.
+#[test]
+fn unbounded_numbers_close_within_120_tokens() {
+    let server = crate::serve_support::Server::start(
+        &test_support::default_model(),
+        &["--ctx-size", "1024"],
+    );
+    let base = format!("http://{}/v1", server.addr);
+    let out = crate::serve_support::python(
+        "schema_bounds_client.py",
+        &["openai", "jsonschema"],
+        &[&base],
+    );
+    let v: Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("{e}: {out}\nserver log:\n{}", server.log()));
+    eprintln!("{v:#}");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6);
+    for r in results {
+        assert_eq!(r["error"], Value::Null, "{r}");
+        assert_eq!(r["finish"], "stop", "{r}");
+        assert!(r["completion_tokens"].as_u64().unwrap() <= 120, "{r}");
+    }
+    assert!(results.iter().any(|r| r["endpoint"] == "completions"));
+    assert!(results.iter().any(|r| r["endpoint"] == "chat"));
 }
