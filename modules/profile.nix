@@ -30,7 +30,6 @@ let
   anyOf = names: "^(${join "|" names})$";
 
   isIPv4 = cidr: builtins.match ".*:.*" cidr == null;
-  hasPrefix = prefix: s: builtins.substring 0 (builtins.stringLength prefix) s == prefix;
 
   # ICMP that IPv4 needs (path MTU discovery, errors) plus ping; ICMPv6 without which IPv6
   # breaks: errors, packet-too-big, neighbour and router discovery.
@@ -109,18 +108,12 @@ let
     ]
   );
 
-  # What the server may not reach (IPAddressDeny=; appliance/src/render/units.rs): IPv4
-  # link-local, where the metadata service hands out the box's secrets, and the profile's
-  # metadata address when it lies elsewhere.
+  # What the server may not reach (IPAddressDeny=; appliance/src/render/units.rs): the
+  # metadata service, which hands out the box's secrets; its address alone, since the filter
+  # also silences every client inside a denied network.
   serverIpDeny = [
-    "169.254.0.0/16"
-  ]
-  ++ (
-    if hasPrefix "169.254." oci.metadata_address then
-      [ ]
-    else
-      [ "${oci.metadata_address}/${if isIPv4 oci.metadata_address then "32" else "128"}" ]
-  );
+    "${oci.metadata_address}/${if isIPv4 oci.metadata_address then "32" else "128"}"
+  ];
 
   # The box's secrets (appliance/src/paths.rs), root-only, provisioned by llm-secrets.service.
   secretsDir = "/var/lib/llm-secrets";

@@ -311,24 +311,16 @@ fn server_confinement(profile: &Profile) -> Vec<(&'static str, String)> {
     ])
 }
 
-/// IPv4 link-local, where cloud metadata services live (OCI's at 169.254.169.254).
-pub const LINK_LOCAL_V4: &str = "169.254.0.0/16";
-
 /// What the server may not talk to (`IPAddressDeny=`, enforced by systemd's cgroup BPF filter
 /// for every process of the unit): the metadata service, which hands out the box's API keys and
 /// TLS key to whoever asks from the box, so a server tricked into a request (or compromised)
-/// cannot fetch them. All of IPv4 link-local, and the profile's metadata address when it lies
-/// elsewhere. IPv6 link-local (fe80::/10) stays open: OCI's metadata service is IPv4-only, and
-/// the kernel's neighbour discovery is not the unit's traffic.
+/// cannot fetch them. Its address alone, not all of link-local: the filter drops packets in both
+/// directions, so denying a network also silences every client in it, and a client may well
+/// come from link-local (QEMU's user network in the VM suite is 169.254.0.0/16).
 pub fn server_ip_deny(profile: &Profile) -> Vec<String> {
-    let link_local: crate::cidr::Cidr = LINK_LOCAL_V4.parse().expect("a valid CIDR");
     let metadata = profile.oci.metadata_address;
-    let mut deny = vec![LINK_LOCAL_V4.to_owned()];
-    if !link_local.contains(metadata) {
-        let bits = if metadata.is_ipv4() { 32 } else { 128 };
-        deny.push(format!("{metadata}/{bits}"));
-    }
-    deny
+    let bits = if metadata.is_ipv4() { 32 } else { 128 };
+    vec![format!("{metadata}/{bits}")]
 }
 
 /// The confinement of the first-boot jobs that talk to the metadata service

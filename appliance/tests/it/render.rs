@@ -126,7 +126,7 @@ fn server_unit() {
             "NoNewPrivileges=yes",
             "ProtectControlGroups=yes",
             // The metadata service hands out the box's secrets: not to the server.
-            "IPAddressDeny=169.254.0.0/16",
+            "IPAddressDeny=169.254.169.254/32",
             "WantedBy=multi-user.target",
         ],
     );
@@ -440,12 +440,9 @@ fn the_server_serves_ipv6_and_the_meters_follow_the_profile() {
         2,
         "{rules}"
     );
-    // A metadata service outside IPv4 link-local is denied to the server too.
+    // The metadata address alone is denied to the server, wherever it lies.
     p.oci.metadata_address = "fd00:c1::a9fe:a9fe".parse().unwrap();
-    assert_eq!(
-        render::server_ip_deny(&p),
-        ["169.254.0.0/16", "fd00:c1::a9fe:a9fe/128"]
-    );
+    assert_eq!(render::server_ip_deny(&p), ["fd00:c1::a9fe:a9fe/128"]);
 }
 
 fn tool(name: &str) -> bool {
