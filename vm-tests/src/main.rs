@@ -267,6 +267,7 @@ fn checks_on_max_cpu(
         "ipv6-and-certificate",
         "headroom",
         "footprint",
+        "prompt-cache-across-restart",
         "memory-pressure",
         "api-meter-drops",
     ];
@@ -324,6 +325,10 @@ fn checks_on_max_cpu(
     // Also before the pressure test: the figures of a box in ordinary use.
     suite.check("footprint", console, || {
         checks::footprint::run(&guest.ssh, &guest.api, profile, pace)
+    })?;
+    // After the figures of ordinary use: the restart gives the server a fresh process.
+    suite.check("prompt-cache-across-restart", console, || {
+        checks::slots::run(&guest.ssh, &guest.api)
     })?;
     suite.check("memory-pressure", console, || {
         checks::pressure::run(&guest.ssh, &guest.api)

@@ -12,6 +12,7 @@ pub mod headroom;
 pub mod pace;
 pub mod policy;
 pub mod pressure;
+pub mod slots;
 pub mod stream;
 
 use std::collections::BTreeMap;
