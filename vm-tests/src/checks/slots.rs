@@ -18,12 +18,12 @@ use crate::ssh::Ssh;
 /// at boot, under TCG.
 const RESTART_BUDGET: Duration = Duration::from_secs(900);
 
-/// A prompt of a couple of hundred tokens: long enough that reading it dwarfs one token of
-/// evaluation, short enough for TCG's pace.
+/// A prompt of about a hundred tokens: long enough that reading it dwarfs one token of
+/// evaluation, short enough for TCG's pace (seconds per token).
 fn long_prompt() -> String {
     let sentence = "The appliance keeps each conversation in its slot and writes the slots to \
                     its state directory when it stops, so that a restart costs no reading. ";
-    format!("{}Summary:", sentence.repeat(8))
+    format!("{}Summary:", sentence.repeat(4))
 }
 
 fn complete(api: &Api, prompt: &str) -> Result<(Value, Duration)> {
