@@ -93,14 +93,15 @@ impl Conns {
             return Err(Refusal::PerClient);
         }
         if table.open.len() >= self.max_total {
-            // The idle connection of the client holding the most, least recently active first;
-            // only a client holding more than the newcomer's gives way (no one can push out
-            // clients lighter than itself).
+            // The idle connection of the client holding the most, least recently active first
+            // (by the instant of its last byte: a connection accepted a moment ago has moved
+            // none yet and is not the stalest); only a client holding more than the newcomer's
+            // gives way (no one can push out clients lighter than itself).
             let victim = table
                 .open
                 .values()
                 .filter(|c| !c.is_busy())
-                .map(|c| (table.count(&c.key), std::cmp::Reverse(c.last_io_ms()), c))
+                .map(|c| (table.count(&c.key), std::cmp::Reverse(c.last_io()), c))
                 .filter(|(n, _, _)| *n > mine)
                 .max_by_key(|(n, last, _)| (*n, *last))
                 .map(|(_, _, c)| c.clone());
@@ -441,5 +442,23 @@ mod tests {
         assert_eq!(conns.admit(ip("10.0.0.2")).err(), Some(Refusal::Full));
         let _m = conns.admit(ip("10.0.0.5")).unwrap();
         assert_eq!(conns.open(), 4);
+    }
+
+    /// Among clients holding as many, the connection whose last byte is oldest gives way, not
+    /// one accepted a moment ago that has not sent its request yet (each connection counts its
+    /// activity from its own start: compared as such, the newest looked the stalest, and a
+    /// bystander's fresh connection was pushed out by an attacker's newcomer).
+    #[test]
+    fn a_connection_accepted_a_moment_ago_is_not_the_stalest() {
+        let conns = Conns::new(2, 3);
+        let old = conns.admit(ip("10.0.0.1")).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        old.state.touch();
+        std::thread::sleep(Duration::from_millis(40));
+        let fresh = conns.admit(ip("10.0.0.2")).unwrap();
+        let _newcomer = conns.admit(ip("10.0.0.3")).unwrap();
+        let table = conns.lock();
+        assert!(!table.open.contains_key(&old.state.id));
+        assert!(table.open.contains_key(&fresh.state.id));
     }
 }

@@ -52,9 +52,9 @@ pub fn run(ssh: &Ssh, api: &Api) -> Result<String> {
     loop {
         match api.get("/health", Duration::from_secs(30)) {
             Ok(r) if r.status == 200 => break,
-            _ if restarted.elapsed() > RESTART_BUDGET => bail!(
-                "/health did not answer 200 within {RESTART_BUDGET:?} of `systemctl restart`"
-            ),
+            _ if restarted.elapsed() > RESTART_BUDGET => {
+                bail!("/health did not answer 200 within {RESTART_BUDGET:?} of `systemctl restart`")
+            }
             _ => std::thread::sleep(Duration::from_secs(2)),
         }
     }
