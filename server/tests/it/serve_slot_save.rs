@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::serve_support::app::{App, AppConfig};
-use crate::serve_support::{synth_model, Requests, Server};
+use crate::serve_support::{cached, prompt_tokens, synth_model, Requests, Server};
 use serde_json::{json, Value};
 
 const KEY: &str = "sk-slots";
@@ -61,16 +61,6 @@ fn ask(s: &impl Requests, body: &Value, headers: &[(&str, &str)]) -> Value {
     );
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()
-}
-
-fn cached(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no cached_tokens in {v}"))
-}
-
-fn prompt_tokens(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens"].as_u64().unwrap()
 }
 
 fn answer(v: &Value) -> &str {

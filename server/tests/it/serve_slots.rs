@@ -6,7 +6,7 @@
 //! decoding: drafted tokens verified in one pass leave the output exactly as without them.
 
 use crate::serve_support::app::{App, AppConfig};
-use crate::serve_support::{Requests, Server};
+use crate::serve_support::{cached, prompt_tokens, Requests, Server};
 use llm_server::engine::Slots;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -19,16 +19,6 @@ fn ask(s: &App, body: &Value) -> Value {
     let r = s.post_json("/v1/chat/completions", body);
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()
-}
-
-fn cached(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no cached_tokens in {v}"))
-}
-
-fn prompt_tokens(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens"].as_u64().unwrap()
 }
 
 /// A server of two slots of 512 tokens.

@@ -349,3 +349,15 @@ pub fn python(script: &str, modules: &[&str], args: &[&str]) -> String {
     );
     stdout
 }
+
+/// An answer's `usage.prompt_tokens_details.cached_tokens`: prompt tokens read from a slot.
+pub fn cached(v: &serde_json::Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cached_tokens in {v}"))
+}
+
+/// An answer's `usage.prompt_tokens`.
+pub fn prompt_tokens(v: &serde_json::Value) -> u64 {
+    v["usage"]["prompt_tokens"].as_u64().unwrap()
+}
