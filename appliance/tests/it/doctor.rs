@@ -86,7 +86,13 @@ impl FakeBox {
             "proc/cpuinfo",
             "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 bmi1 bmi2 f16c fma abm movbe xsave\n",
         );
-        for (file, mib) in [("min", 256u64), ("low", 448), ("high", 576), ("max", 640)] {
+        let m = fake.profile.server.memory.clone();
+        for (file, mib) in [
+            ("min", m.min_mib),
+            ("low", m.low_mib),
+            ("high", m.high_mib),
+            ("max", m.max_mib),
+        ] {
             fake.write(
                 &format!("{CGROUP}/memory.{file}"),
                 &format!("{}\n", mib << 20),

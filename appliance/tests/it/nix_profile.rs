@@ -95,7 +95,7 @@ fn cases() -> Vec<Case> {
         ),
         ("\"vm.swappiness\" = 10", "\"vm.swappiness\" = 5"),
         (
-            r#"file = "gemma-3-270m-q4_k_m.gguf""#,
+            r#"file = "SmolLM2-135M-Instruct.Q4_1.gguf""#,
             r#"file = "my \"model\" 100% $HOME.gguf""#,
         ),
     ]

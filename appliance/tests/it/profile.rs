@@ -26,27 +26,27 @@ fn the_shipped_profile_loads() {
     let path = test_support::default_profile();
     let p = Profile::load(&path).unwrap();
     assert_eq!(p.machine.ram_mib, 1024);
-    assert_eq!(p.model.file, "gemma-3-270m-q4_k_m.gguf");
-    assert_eq!(p.model.size_bytes, 253_113_024);
+    assert_eq!(p.model.file, test_support::SMOLLM2_MODEL_FILE);
+    assert_eq!(p.model.size_bytes, 98_362_432);
     assert_eq!(p.server.api_port.0, 8080);
     assert_eq!(p.sysctl["vm.page-cluster"], SysctlValue::Int(0));
     assert_eq!(p.source, E2_MICRO);
     assert_eq!(
         p.model_path(),
-        "/var/lib/llm/models/gemma-3-270m-q4_k_m.gguf"
+        "/var/lib/llm/models/SmolLM2-135M-Instruct.Q4_1.gguf"
     );
 }
 
-/// A plan of the default model at the shipped profile's 2048 tokens x 2 slots, as
+/// A plan of the appliance's model at the shipped profile's 4096 tokens x 2 slots, as
 /// `llm-server plan --json` printed it when this was written. Its numbers need not stay current
 /// with the planner: server_plan.rs holds the profile to the real one.
 fn plan() -> ServerPlan {
     ServerPlan::parse(
         r#"{
-            "model": "/root/.cache/llm-appliance/models/gemma-3-270m-q4_k_m.gguf",
-            "ctx_size": 2048, "parallel": 2, "n_ctx_train": 32768,
-            "weights_bytes": 246587904, "kv_cache_bytes": 29263872, "scratch_bytes": 11502592,
-            "vocabulary_bytes": 27481190, "total_bytes": 314835558,
+            "model": "/root/.cache/llm-appliance/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "ctx_size": 4096, "parallel": 2, "n_ctx_train": 8192,
+            "weights_bytes": 96576768, "kv_cache_bytes": 188743680, "scratch_bytes": 56404480,
+            "vocabulary_bytes": 19243607, "total_bytes": 360968535,
             "limits": [], "fits": true
         }"#,
     )
@@ -67,7 +67,7 @@ fn the_shipped_profile_holds_the_plan() {
     p.check_plan(&plan()).unwrap();
     // A store path (`<hash>-<file>`, as the NixOS module gives the planner) is the same model.
     let mut in_store = plan();
-    in_store.model = "/nix/store/0123abcd-gemma-3-270m-q4_k_m.gguf".into();
+    in_store.model = "/nix/store/0123abcd-SmolLM2-135M-Instruct.Q4_1.gguf".into();
     p.check_plan(&in_store).unwrap();
 }
 
@@ -78,18 +78,18 @@ fn a_plan_of_another_model_context_or_slots_is_refused() {
             "model",
             (|p: &mut ServerPlan| p.model = "/m/qwen.gguf".into()) as fn(&mut ServerPlan),
         ),
-        ("context", |p| p.ctx_size = 4096),
+        ("context", |p| p.ctx_size = 2048),
         ("slots", |p| p.parallel = 1),
     ] {
         let mut other = plan();
         edit(&mut other);
         let e = plan_error_of(E2_MICRO, &other);
         assert!(
-            e.contains("but the profile serves `gemma-3-270m-q4_k_m.gguf` at 2048 x 2"),
+            e.contains("but the profile serves `SmolLM2-135M-Instruct.Q4_1.gguf` at 4096 x 2"),
             "{what}: {e}"
         );
         assert!(
-            e.contains("`llm-server plan --json --model gemma-3-270m-q4_k_m.gguf --ctx-size 2048 --parallel 2`"),
+            e.contains("`llm-server plan --json --model SmolLM2-135M-Instruct.Q4_1.gguf --ctx-size 4096 --parallel 2`"),
             "{what}: {e}"
         );
     }
@@ -102,8 +102,8 @@ fn unknown_keys_are_refused() {
     assert!(e.contains("test.toml"), "{e}");
     // The model's shape is the planner's to read from the file, no longer the profile's.
     let e = error_of(&edited(
-        "size_bytes = 253113024",
-        "size_bytes = 253113024\nlayers = 18",
+        "size_bytes = 98362432",
+        "size_bytes = 98362432\nlayers = 30",
     ));
     assert!(e.contains("unknown field `layers`"), "{e}");
 }
@@ -148,12 +148,12 @@ fn ports_out_of_range_are_refused() {
 #[test]
 fn limits_that_cannot_hold_the_model_are_refused_with_the_numbers() {
     let text =
-        edited("high_mib = 576", "high_mib = 320").replacen("low_mib = 448", "low_mib = 320", 1);
+        edited("high_mib = 512", "high_mib = 320").replacen("low_mib = 384", "low_mib = 320", 1);
     let e = plan_error_of(&text, &plan());
     assert!(e.contains("high_mib = 320 cannot hold the model"), "{e}");
     assert!(
         e.contains(
-            "needs 333 MiB (weights 236 + KV cache 28 + scratch 11 + vocabulary 27 MiB as \
+            "needs 377 MiB (weights 93 + KV cache 180 + scratch 54 + vocabulary 19 MiB as \
              llm-server plans them, + 32 MiB for the process itself)"
         ),
         "{e}"
@@ -163,17 +163,17 @@ fn limits_that_cannot_hold_the_model_are_refused_with_the_numbers() {
 
 #[test]
 fn limits_must_protect_the_weights_and_be_ordered() {
-    let e = plan_error_of(&edited("min_mib = 256", "min_mib = 128"), &plan());
+    let e = plan_error_of(&edited("min_mib = 96", "min_mib = 64"), &plan());
     assert!(
-        e.contains("min_mib = 128 does not protect the model's 236 MiB"),
+        e.contains("min_mib = 64 does not protect the model's 93 MiB"),
         "{e}"
     );
-    let e = plan_error_of(&edited("low_mib = 448", "low_mib = 300"), &plan());
+    let e = plan_error_of(&edited("low_mib = 384", "low_mib = 300"), &plan());
     assert!(
-        e.contains("low_mib = 300 protects less than the server's 301 MiB plan"),
+        e.contains("low_mib = 300 protects less than the server's 345 MiB plan"),
         "{e}"
     );
-    let e = error_of(&edited("max_mib = 640", "max_mib = 560"));
+    let e = error_of(&edited("max_mib = 576", "max_mib = 500"));
     assert!(
         e.contains("min_mib <= low_mib <= high_mib <= max_mib"),
         "{e}"
@@ -184,7 +184,7 @@ fn limits_must_protect_the_weights_and_be_ordered() {
 fn earlyoom_thresholds_below_the_protected_share_are_refused() {
     let e = error_of(&edited("mem_kill_percent = 36", "mem_kill_percent = 10"));
     assert!(e.contains("mem_kill_percent = 10 would never fire"), "{e}");
-    assert!(e.contains("at least 35"), "{e}");
+    assert!(e.contains("at least 20"), "{e}");
     let e = error_of(&edited(
         r#"prefer = ["apt""#,
         r#"prefer = ["systemd-journald""#,
@@ -271,8 +271,8 @@ fn absurd_limits_are_refused() {
         ),
         (
             "default_max_tokens = 256",
-            "default_max_tokens = 4096",
-            "must be 1 to server.ctx_size (2048)",
+            "default_max_tokens = 8192",
+            "must be 1 to server.ctx_size (4096)",
         ),
         (
             "cors_origins = []",
@@ -354,12 +354,12 @@ fn absurd_sizes_are_errors_not_panics() {
             "more than 1073741824 MiB",
         ),
         (
-            "min_mib = 256",
+            "min_mib = 96",
             "min_mib = 18446744073709551615",
             "min_mib <= low_mib",
         ),
         (
-            "max_mib = 640",
+            "max_mib = 576",
             "max_mib = 18446744073709551615",
             "leaves nothing",
         ),
@@ -384,7 +384,7 @@ fn absurd_sizes_are_errors_not_panics() {
             "expected u64",
         ),
         (
-            "ctx_size = 2048",
+            "ctx_size = 4096",
             "ctx_size = 0",
             "ctx_size and server.parallel must be at least 1",
         ),

@@ -97,7 +97,7 @@ fn server_unit() {
         &[
             "Type=notify",
             "NotifyAccess=main",
-            "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/gemma-3-270m-q4_k_m.gguf --host :: --port 8080 --ctx-size 2048 --parallel 2 \
+            "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/SmolLM2-135M-Instruct.Q4_1.gguf --host :: --port 8080 --ctx-size 4096 --parallel 2 \
              --slot-save-path /var/lib/llm-server/slots --rate-limit-key 60 --rate-limit-ip 120 --rate-burst 10 --max-connections 64 \
              --header-timeout 10 --body-timeout 30 --default-max-tokens 256 --engine-stall-timeout 60 \
              --max-connections-per-ip 8 --idle-timeout 30 --write-timeout 30 --max-connection-age 900 \
@@ -114,10 +114,10 @@ fn server_unit() {
             "TimeoutStartSec=600",
             "WatchdogSec=120",
             "OOMScoreAdjust=-900",
-            "MemoryMin=256M",
-            "MemoryLow=448M",
-            "MemoryHigh=576M",
-            "MemoryMax=640M",
+            "MemoryMin=96M",
+            "MemoryLow=384M",
+            "MemoryHigh=512M",
+            "MemoryMax=576M",
             "DynamicUser=yes",
             "StateDirectory=llm-server",
             "ProtectSystem=strict",

@@ -30,7 +30,7 @@ fn server_plan(model: &Path, ctx_size: u32, parallel: u32) -> ServerPlan {
 #[test]
 fn the_json_plan_is_the_planners_and_the_shipped_profile_holds_it() {
     let profile = Profile::load(&test_support::default_profile()).unwrap();
-    let model = test_support::default_model();
+    let model = test_support::appliance_model();
     assert_eq!(
         model.file_name().unwrap().to_str().unwrap(),
         profile.model.file
@@ -66,12 +66,12 @@ fn the_json_plan_is_the_planners_and_the_shipped_profile_holds_it() {
 fn a_context_and_slots_far_too_large_for_the_box_are_refused() {
     let text = std::fs::read_to_string(test_support::default_profile())
         .unwrap()
-        .replacen("ctx_size = 2048", "ctx_size = 32768", 1)
+        .replacen("ctx_size = 4096", "ctx_size = 32768", 1)
         .replacen("parallel = 2", "parallel = 8", 1);
     let profile = Profile::parse(&text, Path::new("big.toml")).unwrap();
-    let plan = server_plan(&test_support::default_model(), 32768, 8);
+    let plan = server_plan(&test_support::appliance_model(), 32768, 8);
     let e = profile.check_plan(&plan).unwrap_err().to_string();
-    assert!(e.contains("high_mib = 576 cannot hold the model"), "{e}");
+    assert!(e.contains("high_mib = 512 cannot hold the model"), "{e}");
     assert!(e.contains("lower server.ctx_size/server.parallel"), "{e}");
 }
 

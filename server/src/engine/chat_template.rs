@@ -2,9 +2,11 @@
 //! rendered with minijinja, or llama.cpp's built-in Gemma turn format when the file has none
 //! (the default model has none).
 //!
-//! The rendered text never starts with BOS: templates write `{{ bos_token }}` themselves and the
-//! tokenizer adds BOS too, which would give two (a known Gemma 270M pitfall). As llama.cpp does,
-//! a leading BOS is stripped from the rendering so that tokenization adds exactly one.
+//! When the tokenizer adds BOS, the rendered text never starts with it: templates write
+//! `{{ bos_token }}` themselves, which would give two (a known Gemma 270M pitfall). As llama.cpp
+//! does, a leading BOS is then stripped from the rendering so that tokenization adds exactly
+//! one. A tokenizer that adds none keeps the rendering whole: SmolLM2's BOS is `<|im_start|>`,
+//! which its template writes to open the first turn.
 
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
@@ -75,6 +77,8 @@ pub enum ChatTemplate {
         env: Box<Environment<'static>>,
         bos: String,
         eos: String,
+        /// Whether tokenization adds BOS, so a leading one in the rendering is stripped.
+        strip_bos: bool,
     },
     /// `<start_of_turn>{role}\n{content}<end_of_turn>\n`, roles user/model.
     Gemma,
@@ -103,12 +107,19 @@ impl ChatTemplate {
             model.chat_template(),
             &text_of(tokenizer.bos()),
             &text_of(tokenizer.eos()),
+            tokenizer.add_bos(),
         )
     }
 
     /// The template for a model: its Jinja source if it has one, else the Gemma format.
-    /// `bos`/`eos` are the texts of those tokens, offered to templates as `bos_token`/`eos_token`.
-    pub fn new(source: Option<&str>, bos: &str, eos: &str) -> Result<ChatTemplate, TemplateError> {
+    /// `bos`/`eos` are the texts of those tokens, offered to templates as `bos_token`/`eos_token`;
+    /// `adds_bos`: whether the tokenizer prepends BOS to the rendering.
+    pub fn new(
+        source: Option<&str>,
+        bos: &str,
+        eos: &str,
+        adds_bos: bool,
+    ) -> Result<ChatTemplate, TemplateError> {
         let Some(source) = source else {
             return Ok(ChatTemplate::Gemma);
         };
@@ -131,6 +142,7 @@ impl ChatTemplate {
             env: Box::new(env),
             bos: bos.to_owned(),
             eos: eos.to_owned(),
+            strip_bos: adds_bos && !bos.is_empty(),
         })
     }
 
@@ -186,7 +198,12 @@ impl ChatTemplate {
         };
         match self {
             ChatTemplate::Gemma => Ok(gemma(turns)),
-            ChatTemplate::Jinja { env, bos, eos } => {
+            ChatTemplate::Jinja {
+                env,
+                bos,
+                eos,
+                strip_bos,
+            } => {
                 let template = env
                     .get_template(TEMPLATE_NAME)
                     .map_err(|e| TemplateError::Render(e.to_string()))?;
@@ -200,7 +217,7 @@ impl ChatTemplate {
                     })
                     .map_err(|e| TemplateError::Render(render_error_message(&e)))?;
                 Ok(match text.strip_prefix(bos.as_str()) {
-                    Some(rest) if !bos.is_empty() => rest.to_owned(),
+                    Some(rest) if *strip_bos => rest.to_owned(),
                     _ => text,
                 })
             }
@@ -443,7 +460,7 @@ mod tests {
 
     #[test]
     fn jinja_leading_bos_is_stripped() {
-        let t = ChatTemplate::new(Some(GEMMA_LIKE), "<bos>", "<eos>").unwrap();
+        let t = ChatTemplate::new(Some(GEMMA_LIKE), "<bos>", "<eos>", true).unwrap();
         let text = t.render(&turns(&[("user", "Hi")])).unwrap();
         assert_eq!(
             text,
@@ -457,9 +474,31 @@ mod tests {
         );
     }
 
+    /// SmolLM2's BOS is `<|im_start|>` and its tokenizer adds none: the template's own opening
+    /// `<|im_start|>` is the first turn's, and stays (llama.cpp strips only a BOS it would add).
+    #[test]
+    fn a_leading_bos_stays_when_the_tokenizer_adds_none() {
+        let chatml = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] \
+            + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        let rendered = |adds_bos| {
+            ChatTemplate::new(Some(chatml), "<|im_start|>", "<|im_end|>", adds_bos)
+                .unwrap()
+                .render(&turns(&[("user", "Hi")]))
+                .unwrap()
+        };
+        assert_eq!(
+            rendered(false),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            rendered(true),
+            "user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
     #[test]
     fn raise_exception_becomes_the_message() {
-        let t = ChatTemplate::new(Some(GEMMA_LIKE), "<bos>", "<eos>").unwrap();
+        let t = ChatTemplate::new(Some(GEMMA_LIKE), "<bos>", "<eos>", true).unwrap();
         let err = t.render(&turns(&[("assistant", "x")])).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -470,13 +509,15 @@ mod tests {
     #[test]
     fn python_methods_work() {
         let src = "{% for m in messages %}{{ m.content.strip() }}|{% endfor %}";
-        let t = ChatTemplate::new(Some(src), "", "").unwrap();
+        let t = ChatTemplate::new(Some(src), "", "", true).unwrap();
         assert_eq!(t.render(&turns(&[("user", "  a  ")])).unwrap(), "a|");
     }
 
     #[test]
     fn syntax_errors_are_reported() {
-        let err = ChatTemplate::new(Some("{% for %}"), "", "").err().unwrap();
+        let err = ChatTemplate::new(Some("{% for %}"), "", "", true)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("not valid Jinja"), "{err}");
     }
 
@@ -493,7 +534,7 @@ mod tests {
     fn templates_with_tools_get_them() {
         let src = "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }}{% endfor %}</tools>{% endif %}\
             {% for m in messages %}[{{ m.role }}:{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}{{ c.function.arguments | tojson }}</tool_call>{% endfor %}{% endif %}]{% endfor %}";
-        let t = ChatTemplate::new(Some(src), "", "").unwrap();
+        let t = ChatTemplate::new(Some(src), "", "", true).unwrap();
         let mut conv = turns(&[("user", "Paris?"), ("assistant", ""), ("tool", "sunny")]);
         conv[1].tool_calls = Some(
             serde_json::json!([{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]),

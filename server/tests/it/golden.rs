@@ -259,3 +259,50 @@ fn smollm2_135m_instruct_q4_1_chats() {
     let golden = test_support::testdata("smollm2-135m-instruct-q4_1.golden.json");
     check(&test_support::smollm2_model(), &golden, 2);
 }
+
+/// The chat API's prompt is llama.cpp's: every golden conversation, rendered with the file's own
+/// template by the server's chat path, is the token sequence llama.cpp was fed. SmolLM2's BOS is
+/// `<|im_start|>`, which its template writes to open the first turn and its tokenizer does not
+/// add: stripping it as a doubled BOS cost the chat API the first token of every prompt.
+#[test]
+fn smollm2_chats_render_to_llama_cpps_prompt_tokens() {
+    use llm_server::engine::chat_template::{ChatTemplate, Turn};
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(test_support::testdata(name)).unwrap())
+            .unwrap()
+    };
+    let cases = read("smollm2-135m-instruct-cases.json");
+    let golden = read("smollm2-135m-instruct-q4_1.golden.json");
+    let model = Model::load(&test_support::smollm2_model(), &LoadOptions::default()).unwrap();
+    let template = ChatTemplate::for_model(&model).unwrap();
+    let chats = cases["chats"].as_array().unwrap();
+    assert!(chats.len() >= 4);
+    for chat in chats {
+        let name = chat["name"].as_str().unwrap();
+        let turns: Vec<Turn> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Turn {
+                role: m["role"].as_str().unwrap().to_owned(),
+                content: m["content"].as_str().unwrap().to_owned(),
+                ..Turn::default()
+            })
+            .collect();
+        let got = template
+            .tokens(model.tokenizer(), &turns, &[], false)
+            .unwrap();
+        let want: Vec<u32> = golden["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no golden for chat {name}"))["prompt_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(got, want, "chat {name}");
+    }
+}

@@ -1,5 +1,6 @@
-//! The model answers from the host: `/v1/models`, a chat completion, and the golden greedy
-//! continuation of a prompt at temperature 0.
+//! The model answers from the host: `/v1/models`, and the golden greedy answer at temperature 0
+//! to a question through the chat API (an instruct model's golden asks one) or to a prompt
+//! through `/v1/completions` after a short chat (a base model's).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,10 +14,13 @@ use super::GENERATION_TIMEOUT;
 use crate::http::{self, Api};
 
 /// The golden prompt: short (prefill is slow under TCG) and its greedy continuation has no near
-/// tie in its first tokens.
+/// tie in its first tokens. For the instruct default, a question whose greedy answer is whole
+/// within [`GOLDEN_CHAT_TOKENS`].
 const GOLDEN_PROMPT: &str = "capital";
-/// Tokens asked of each generation: enough to compare, few enough for TCG.
+/// Tokens asked of each completion: enough to compare, few enough for TCG.
 const GOLDEN_TOKENS: usize = 4;
+/// The most a golden chat answer may take, its end-of-turn token included.
+const GOLDEN_CHAT_TOKENS: usize = 12;
 const CHAT_TOKENS: u64 = 3;
 
 /// What the API check measured.
@@ -30,16 +34,25 @@ pub struct Answers {
 
 /// The golden greedy continuation of one prompt.
 pub struct Golden {
-    pub prompt: String,
+    pub prompt: Prompt,
     pub tokens: Vec<u64>,
     pub text: String,
+    /// Tokens of the prompt as llama.cpp read it (for a chat: rendered by the model's template).
+    pub prompt_tokens: usize,
+}
+
+/// What the golden asks: a text to continue, or a conversation to answer.
+pub enum Prompt {
+    Text(String),
+    Chat(Value),
 }
 
 impl Golden {
-    /// Reads the prompt `name` from `<dir>/<model stem>.golden.json` and its text from the cases
-    /// file it was made from.
+    /// Reads the prompt `name` from `<dir>/<model stem>.golden.json` and its text or messages
+    /// from the cases file it was made from.
     pub fn load(dir: &Path, profile: &Profile, name: &str) -> Result<Golden> {
-        let stem = profile.model.file.trim_end_matches(".gguf");
+        let stem = golden_stem(&profile.model.file);
+        let stem = stem.as_str();
         let read = |file: &str| -> Result<Value> {
             let path = dir.join(file);
             let text = std::fs::read_to_string(&path).with_context(|| {
@@ -52,10 +65,13 @@ impl Golden {
         };
         let golden = read(&format!("{stem}.golden.json"))?;
         let cases = read(&cases_file(stem))?;
+        // A cases file lists texts under `prompts` and conversations under `chats`; the golden
+        // file has both under `prompts`.
         let find = |v: &Value| -> Option<Value> {
-            v["prompts"]
-                .as_array()?
+            ["prompts", "chats"]
                 .iter()
+                .filter_map(|key| v[key].as_array())
+                .flatten()
                 .find(|p| p["name"] == name)
                 .cloned()
         };
@@ -65,11 +81,14 @@ impl Golden {
                 dir.display()
             );
         };
+        let prompt = match (case["text"].as_str(), &case["messages"]) {
+            (Some(text), _) => Prompt::Text(text.to_owned()),
+            (None, messages @ Value::Array(_)) => Prompt::Chat(messages.clone()),
+            _ => bail!("the case `{name}` has neither text nor messages"),
+        };
         Ok(Golden {
-            prompt: case["text"]
-                .as_str()
-                .context("case without text")?
-                .to_owned(),
+            prompt,
+            prompt_tokens: result["prompt_tokens"].as_array().map_or(0, Vec::len),
             tokens: result["greedy_tokens"]
                 .as_array()
                 .context("no greedy_tokens")?
@@ -82,6 +101,13 @@ impl Golden {
                 .to_owned(),
         })
     }
+}
+
+/// `SmolLM2-135M-Instruct.Q4_1.gguf` → `smollm2-135m-instruct-q4_1`: the golden files' names.
+fn golden_stem(file: &str) -> String {
+    file.trim_end_matches(".gguf")
+        .to_lowercase()
+        .replace('.', "-")
 }
 
 /// `gemma-3-270m-q4_k_m` → `gemma-3-270m-cases.json`: the cases are shared by a model's
@@ -139,13 +165,77 @@ fn listed_models(api: &Api, profile: &Profile) -> Result<Vec<String>> {
 
 pub fn run(api: &Api, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
     let golden = Golden::load(golden_dir, profile, GOLDEN_PROMPT)?;
+    let ids = listed_models(api, profile)?;
+    match &golden.prompt {
+        Prompt::Chat(messages) => golden_chat(api, &golden, messages, ids),
+        Prompt::Text(prompt) => golden_completion(api, &golden, prompt, ids),
+    }
+}
+
+/// The golden question through the chat API: the whole answer, as llama.cpp gave it with the
+/// same template, is the first answer the box gives after boot.
+fn golden_chat(api: &Api, golden: &Golden, messages: &Value, ids: Vec<String>) -> Result<Answers> {
+    ensure!(
+        golden.tokens.len() <= GOLDEN_CHAT_TOKENS,
+        "the golden answer takes {} tokens, more than the {GOLDEN_CHAT_TOKENS} asked under TCG",
+        golden.tokens.len()
+    );
+    let asked = Instant::now();
+    let chat = ok_json(api.post(
+        "/v1/chat/completions",
+        &json!({
+            "messages": messages,
+            "max_tokens": GOLDEN_CHAT_TOKENS,
+            "temperature": 0,
+        }),
+        GENERATION_TIMEOUT,
+    )?)?;
+    let first_answer = asked.elapsed();
+    let reply = chat["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    let question = messages[messages.as_array().map_or(0, Vec::len).saturating_sub(1)]["content"]
+        .as_str()
+        .unwrap_or_default();
+    let prompt_tokens = chat["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+    ensure!(
+        reply == golden.text && chat["choices"][0]["finish_reason"] == "stop",
+        "{question:?} at temperature 0 was answered {reply:?} ({}); llama.cpp's greedy answer \
+         with the model's chat template is {:?}",
+        chat["choices"][0]["finish_reason"],
+        golden.text
+    );
+    ensure!(
+        prompt_tokens == golden.prompt_tokens as u64,
+        "the chat template gave {prompt_tokens} prompt tokens, llama.cpp's rendering {}",
+        golden.prompt_tokens
+    );
+    Ok(Answers {
+        detail: format!(
+            "models {ids:?}; {question:?} → {reply:?} = golden, in {:.0} s",
+            first_answer.as_secs_f64()
+        ),
+        first_answer,
+        pace: Pace::of(
+            first_answer,
+            prompt_tokens,
+            chat["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+        ),
+    })
+}
+
+/// A short chat (its round trip is the first answer), then the golden prompt's greedy
+/// continuation through `/v1/completions`, token for token.
+fn golden_completion(
+    api: &Api,
+    golden: &Golden,
+    prompt: &str,
+    ids: Vec<String>,
+) -> Result<Answers> {
     ensure!(
         golden.tokens.len() >= GOLDEN_TOKENS,
         "the golden continuation has fewer than {GOLDEN_TOKENS} tokens"
     );
-
-    let ids = listed_models(api, profile)?;
-
     let asked = Instant::now();
     let chat = ok_json(api.post(
         "/v1/chat/completions",
@@ -169,7 +259,7 @@ pub fn run(api: &Api, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
     let completion = ok_json(api.post(
         "/v1/completions",
         &json!({
-            "prompt": golden.prompt,
+            "prompt": prompt,
             "max_tokens": GOLDEN_TOKENS,
             "temperature": 0,
         }),
@@ -198,14 +288,14 @@ pub fn run(api: &Api, profile: &Profile, golden_dir: &Path) -> Result<Answers> {
         golden.text.starts_with(text) && token_ids == want,
         "{:?} at temperature 0 continued with {text:?} (ids {token_ids:?}); the golden greedy text \
          starts {:?} (ids {want:?})",
-        golden.prompt,
+        prompt,
         golden.text.chars().take(40).collect::<String>()
     );
     Ok(Answers {
         detail: format!(
             "models {ids:?}; chat {reply:?} in {:.0} s; {:?} → {text:?} = golden {want:?}",
             first_answer.as_secs_f64(),
-            golden.prompt,
+            prompt,
         ),
         first_answer,
         pace: Pace::of(
@@ -295,11 +385,52 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_capital_prompt_from_the_golden_data() {
+    fn golden_files_are_named_by_the_models_lowercase_stem() {
+        assert_eq!(
+            golden_stem("SmolLM2-135M-Instruct.Q4_1.gguf"),
+            "smollm2-135m-instruct-q4_1"
+        );
+        assert_eq!(
+            golden_stem("gemma-3-270m-q4_k_m.gguf"),
+            "gemma-3-270m-q4_k_m"
+        );
+    }
+
+    /// The shipped profile's instruct model is asked a question through the chat API, and its
+    /// golden answer is whole within what the check asks for under TCG.
+    #[test]
+    fn reads_the_capital_question_from_the_golden_data() {
         let dir = test_support::testdata_dir();
         let profile = Profile::load(&test_support::default_profile()).unwrap();
         let golden = Golden::load(&dir, &profile, GOLDEN_PROMPT).unwrap();
-        assert_eq!(golden.prompt, "The capital of France is");
+        let Prompt::Chat(messages) = &golden.prompt else {
+            panic!("the default profile's golden prompt is not a chat");
+        };
+        assert_eq!(
+            messages[0]["content"], "Which city is the capital of France?",
+            "{messages}"
+        );
+        assert_eq!(golden.text, "The capital of France is Paris.");
+        assert!(golden.tokens.len() <= GOLDEN_CHAT_TOKENS);
+        assert!(golden.prompt_tokens > 0);
+    }
+
+    /// A base model's golden prompt is a text to continue.
+    #[test]
+    fn reads_the_capital_prompt_of_a_base_model() {
+        let dir = test_support::testdata_dir();
+        let text = std::fs::read_to_string(test_support::default_profile())
+            .unwrap()
+            .replace(
+                test_support::SMOLLM2_MODEL_FILE,
+                test_support::DEFAULT_MODEL_FILE,
+            );
+        let profile = Profile::parse(&text, Path::new("base.toml")).unwrap();
+        let golden = Golden::load(&dir, &profile, GOLDEN_PROMPT).unwrap();
+        let Prompt::Text(prompt) = &golden.prompt else {
+            panic!("the base model's golden prompt is not a text");
+        };
+        assert_eq!(prompt, "The capital of France is");
         assert!(golden.text.starts_with(" the capital"), "{}", golden.text);
         assert!(golden.tokens.len() >= GOLDEN_TOKENS);
     }

