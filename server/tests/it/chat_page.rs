@@ -186,6 +186,8 @@ fn chat_page_streams_an_answer_in_chromium() {
     );
     assert_eq!(r["paragraphs"], 3, "{r}");
     assert_eq!(v["render_unclosed"], json!(["def f(<b>"]));
+    // 8 quotes deep, then the remaining 4992 '>' and " deep" as text.
+    assert_eq!(v["render_deep_quote"], json!({"quotes": 8, "text": 4997}));
 
     assert_eq!(v["stop"]["done"], "stopped", "{v}");
     assert_eq!(v["stop"]["send_enabled"], true, "{v}");

@@ -260,6 +260,10 @@ try:
     result["render_unclosed"] = page.js(
         "(() => { const d = document.createElement('div'); d.append(renderMarkdown('Here:\\n```py\\ndef f(<b>')); "
         "return [...d.querySelectorAll('pre > code')].map(c => c.textContent); })()")
+    # Quotes nest only so deep: the rest of a line of many '>' is text.
+    result["render_deep_quote"] = page.js(
+        "(() => { const d = document.createElement('div'); d.append(renderMarkdown('>'.repeat(5000) + ' deep')); "
+        "return {quotes: d.querySelectorAll('blockquote').length, text: d.textContent.length}; })()")
     # Stop: a long answer, stopped once it has started, ends at once with what had come.
     n = page.js(LAST)["n"]
     page.js("document.getElementById('max_tokens').value = '400';"
