@@ -75,6 +75,14 @@ fn agent() -> ureq::Agent {
             .timeout_recv_response(Some(Duration::from_secs(60)))
             // A stalled transfer is cut and resumed rather than waited on forever.
             .timeout_per_read(Some(Duration::from_secs(60)))
+            // The system's trust store, as curl and pip use: a network whose proxy presents its
+            // own CA (installed there) reaches PyPI and Hugging Face; Mozilla's bundled roots
+            // would refuse it.
+            .tls_config(
+                ureq::tls::TlsConfig::builder()
+                    .root_certs(ureq::tls::RootCerts::PlatformVerifier)
+                    .build(),
+            )
             .build(),
     )
 }

@@ -139,7 +139,7 @@ fn chat_page_streams_an_answer_in_chromium() {
     assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
     assert_eq!(
         stored["messages"][0]["content"],
-        "What is the capital of France?"
+        "Which city is the capital of France?"
     );
     assert_eq!(stored["used"], used);
     assert_eq!(

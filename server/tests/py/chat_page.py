@@ -234,7 +234,7 @@ try:
             "k.dispatchEvent(new Event('change'));")
     loaded(page)
     result["model"] = page.js("document.getElementById('model').textContent")
-    result["france"] = ask(page, "What is the capital of France?", 64)
+    result["france"] = ask(page, "Which city is the capital of France?", 64)
     result["speed"] = page.js("document.getElementById('speed').textContent")
     result["send_enabled"] = page.js("!document.getElementById('send').disabled")
     result["code"] = ask(page, "Write a Python function that adds two numbers.", 200)

@@ -21,7 +21,7 @@ const GOLDEN_PROMPT: &str = "capital";
 const GOLDEN_TOKENS: usize = 4;
 /// The most a golden chat answer may take, its end-of-turn token included.
 const GOLDEN_CHAT_TOKENS: usize = 12;
-const CHAT_TOKENS: u64 = 3;
+const CHAT_TOKENS: usize = 3;
 
 /// What the API check measured.
 pub struct Answers {
@@ -180,20 +180,8 @@ fn golden_chat(api: &Api, golden: &Golden, messages: &Value, ids: Vec<String>) -
         "the golden answer takes {} tokens, more than the {GOLDEN_CHAT_TOKENS} asked under TCG",
         golden.tokens.len()
     );
-    let asked = Instant::now();
-    let chat = ok_json(api.post(
-        "/v1/chat/completions",
-        &json!({
-            "messages": messages,
-            "max_tokens": GOLDEN_CHAT_TOKENS,
-            "temperature": 0,
-        }),
-        GENERATION_TIMEOUT,
-    )?)?;
-    let first_answer = asked.elapsed();
-    let reply = chat["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default();
+    let (chat, reply, first_answer) = greedy_chat(api, messages, GOLDEN_CHAT_TOKENS)?;
+    let reply = reply.as_str();
     let question = messages[messages.as_array().map_or(0, Vec::len).saturating_sub(1)]["content"]
         .as_str()
         .unwrap_or_default();
@@ -224,6 +212,25 @@ fn golden_chat(api: &Api, golden: &Golden, messages: &Value, ids: Vec<String>) -
     })
 }
 
+/// A chat completion of `messages` at temperature 0: the answer, its text and its round trip.
+fn greedy_chat(
+    api: &Api,
+    messages: &Value,
+    max_tokens: usize,
+) -> Result<(Value, String, Duration)> {
+    let asked = Instant::now();
+    let chat = ok_json(api.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0}),
+        GENERATION_TIMEOUT,
+    )?)?;
+    let reply = chat["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    Ok((chat, reply, asked.elapsed()))
+}
+
 /// A short chat (its round trip is the first answer), then the golden prompt's greedy
 /// continuation through `/v1/completions`, token for token.
 fn golden_completion(
@@ -236,20 +243,8 @@ fn golden_completion(
         golden.tokens.len() >= GOLDEN_TOKENS,
         "the golden continuation has fewer than {GOLDEN_TOKENS} tokens"
     );
-    let asked = Instant::now();
-    let chat = ok_json(api.post(
-        "/v1/chat/completions",
-        &json!({
-            "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": CHAT_TOKENS,
-            "temperature": 0,
-        }),
-        GENERATION_TIMEOUT,
-    )?)?;
-    let first_answer = asked.elapsed();
-    let reply = chat["choices"][0]["message"]["content"]
-        .as_str()
-        .unwrap_or_default();
+    let messages = json!([{"role": "user", "content": "Say hello."}]);
+    let (chat, reply, first_answer) = greedy_chat(api, &messages, CHAT_TOKENS)?;
     let generated = chat["usage"]["completion_tokens"].as_u64().unwrap_or(0);
     ensure!(
         !reply.trim().is_empty() && generated > 0,
