@@ -31,15 +31,29 @@ impl std::fmt::Debug for ApiKeys {
     }
 }
 
+/// Why `--api-key-file` gives no keys.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    #[error("cannot read the API key file {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the API key file {} holds no key: write one key per line", path.display())]
+    Empty { path: std::path::PathBuf },
+}
+
 fn digest(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
 impl ApiKeys {
     /// One key per line; blank lines and `#` comments are skipped.
-    pub fn from_file(path: &Path) -> Result<ApiKeys, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the API key file {}: {e}", path.display()))?;
+    pub fn from_file(path: &Path) -> Result<ApiKeys, KeyFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| KeyFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         let keys: Vec<[u8; 32]> = text
             .lines()
             .map(str::trim)
@@ -47,10 +61,9 @@ impl ApiKeys {
             .map(|key| digest(key.as_bytes()))
             .collect();
         if keys.is_empty() {
-            return Err(format!(
-                "the API key file {} holds no key: write one key per line",
-                path.display()
-            ));
+            return Err(KeyFileError::Empty {
+                path: path.to_owned(),
+            });
         }
         Ok(ApiKeys(Arc::new(keys)))
     }
@@ -147,12 +160,14 @@ mod tests {
         let keys = ApiKeys::from_file(&path).unwrap();
         assert_eq!(*keys.0, vec![digest(b"k1"), digest(b"k2")]);
         std::fs::write(&path, "# nothing\n").unwrap();
-        assert!(ApiKeys::from_file(&path)
-            .unwrap_err()
-            .contains("holds no key"));
+        let e = ApiKeys::from_file(&path).unwrap_err();
+        assert!(matches!(e, KeyFileError::Empty { .. }), "{e}");
+        assert!(e.to_string().contains("holds no key"), "{e}");
         std::fs::remove_file(&path).unwrap();
-        assert!(ApiKeys::from_file(&path)
-            .unwrap_err()
-            .contains("cannot read"));
+        let e = ApiKeys::from_file(&path).unwrap_err();
+        assert!(
+            e.to_string().contains("cannot read the API key file"),
+            "{e}"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! HTTPS by rustls with the ring provider: the certificate chain and key from PEM files
 //! (`--tls-cert`, `--tls-key`), and a clear refusal for plain HTTP sent to the TLS port.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls_pki_types::pem::PemObject;
@@ -20,30 +20,49 @@ const PLAIN_HTTP_REFUSAL: &[u8] = b"HTTP/1.1 400 Bad Request\r\n\
 Content-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 78\r\n\r\n\
 This port speaks HTTPS only: send the request again to https:// (not http://)\n";
 
+/// Why `--tls-cert`/`--tls-key` give no acceptor.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFileError {
+    #[error("cannot read the TLS certificate {}: {source}", path.display())]
+    Certificate {
+        path: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("the TLS certificate file {} holds no PEM CERTIFICATE block", path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("cannot read the TLS private key {}: {source} (PEM PRIVATE KEY expected)", path.display())]
+    Key {
+        path: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("the TLS certificate and key do not go together: {0}")]
+    Mismatch(rustls::Error),
+}
+
 /// Reads the certificate chain (leaf first) and private key (PKCS#8, PKCS#1 or SEC1) in PEM.
-pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
+pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsFileError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<_, _>>())
-        .map_err(|e| format!("cannot read the TLS certificate {}: {e}", cert.display()))?;
+        .map_err(|source| TlsFileError::Certificate {
+            path: cert.to_owned(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!(
-            "the TLS certificate file {} holds no PEM CERTIFICATE block",
-            cert.display()
-        ));
+        return Err(TlsFileError::NoCertificate {
+            path: cert.to_owned(),
+        });
     }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-        format!(
-            "cannot read the TLS private key {}: {e} (PEM PRIVATE KEY expected)",
-            key.display()
-        )
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsFileError::Key {
+        path: key.to_owned(),
+        source,
     })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup: {e}"))?
+        .map_err(TlsFileError::Mismatch)?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| format!("the TLS certificate and key do not go together: {e}"))?;
+        .map_err(TlsFileError::Mismatch)?;
     let mut config = config;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
@@ -83,9 +102,9 @@ mod tests {
         let empty = dir.join("empty.pem");
         std::fs::write(&empty, "").unwrap();
         let err = acceptor(&dir.join("nope.pem"), &empty).err().unwrap();
-        assert!(err.contains("nope.pem"), "{err}");
+        assert!(err.to_string().contains("nope.pem"), "{err}");
         let err = acceptor(&empty, &empty).err().unwrap();
-        assert!(err.contains("no PEM CERTIFICATE"), "{err}");
+        assert!(matches!(err, TlsFileError::NoCertificate { .. }), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
