@@ -8,7 +8,8 @@ use proptest::prelude::*;
 
 use super::blocks::{blocks, scales_mins_k4};
 use super::formats::{iq4_nl::BlockIq4Nl, q4_0::BlockQ4_0, q4_k::BlockQ4K};
-use super::formats::{q8_0::BlockQ8_0, q8_k::BlockQ8K};
+use super::formats::{q4_1::BlockQ4_1, q5_1::BlockQ5_1};
+use super::formats::{q8_0::BlockQ8_0, q8_1::BlockQ8_1, q8_k::BlockQ8K};
 use super::simd::panel_gemm::MAX_ACTS;
 use super::*;
 
@@ -471,6 +472,63 @@ fn repacked_spec(w: GgmlType, w_row: &[u8], act: &[u8], gemm: bool) -> f32 {
             acc - acc_min
         }
         _ => panic!("no written-out llama.cpp gemv/gemm for {w}: add one here"),
+    }
+}
+
+/// ggml's AVX2 `ggml_vec_dot_q4_1_q8_1` (Q5_1's sums in the same order) written out for one
+/// output: per block, lane j's integer dot of values 4j..4j+3 into an eight-lane FMA chain by
+/// `d_w·d_a`, the offsets' `m·s` into a scalar FMA chain; then the lanes' horizontal sum
+/// (`hsum_float_8`: the two halves, then lanes 0+2 and 1+3, then those two) plus the offsets.
+fn affine_spec(w: GgmlType, w_row: &[u8], act: &[u8]) -> f32 {
+    let weights: Vec<([u8; 2], [u8; 2], [u8; 32])> = match w {
+        GgmlType::Q4_1 => blocks::<BlockQ4_1>(w_row)
+            .iter()
+            .map(|b| (b.d, b.m, b.values()))
+            .collect(),
+        GgmlType::Q5_1 => blocks::<BlockQ5_1>(w_row)
+            .iter()
+            .map(|b| (b.d, b.m, b.values()))
+            .collect(),
+        _ => panic!("no written-out llama.cpp vec_dot for {w}: add one here"),
+    };
+    let f = |h: [u8; 2]| f16::from_le_bytes(h).to_f32();
+    let mut acc = [0f32; 8];
+    let mut offsets = 0f32;
+    for ((d, m, q), y) in weights.iter().zip(blocks::<BlockQ8_1>(act)) {
+        let d_wa = f(*d) * f(y.d);
+        for (j, lane) in acc.iter_mut().enumerate() {
+            let sumi: i32 = (4 * j..4 * j + 4)
+                .map(|e| q[e] as i32 * y.qs[e] as i32)
+                .sum();
+            *lane = d_wa.mul_add(sumi as f32, *lane);
+        }
+        offsets = f(*m).mul_add(f(y.s), offsets);
+    }
+    let s: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
+    (s[0] + s[2]) + (s[1] + s[3]) + offsets
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Q4_1's and Q5_1's kernels sum as llama.cpp's vec_dot does, bit for bit, on each
+    /// instruction set: their many-row kernels are held to `vec_dot` by the tests above, and
+    /// `vec_dot` here to the written-out order.
+    #[test]
+    fn affine_kernels_follow_llama_cpp_vec_dot_bit_for_bit(seed in any::<u64>(), blocks in 1usize..=20) {
+        let mut rng = Rng(seed);
+        for w in [GgmlType::Q4_1, GgmlType::Q5_1] {
+            let n = blocks * 32;
+            let w_row = random_weights(w, n, &mut rng);
+            let act = quantized(w, &random_activations(n, &mut rng));
+            let want = affine_spec(w, &w_row, &act);
+            for choice in runnable_isas() {
+                for order in [DotOrder::VecDot, DotOrder::Free] {
+                    let got = isa::forced(choice, || vec_dot(w, order, n, &w_row, &act));
+                    prop_assert_eq!(got.to_bits(), want.to_bits(), "{} {:?} on {}: {} vs {}", w, order, choice, got, want);
+                }
+            }
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::mem::offset_of;
 
-use crate::quant::blocks::{block, f16_to_f32, QK};
+use crate::quant::blocks::{block, QK};
 use crate::quant::format::{Float, Format, Weight};
 use crate::quant::formats::q8_1::BlockQ8_1;
 use crate::quant::scalar;
@@ -51,41 +51,26 @@ impl Weight for Q4_1 {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
-    use crate::quant::simd::{hsum, load256, nibbles_32};
-    use crate::quant::DotOrder;
+    use crate::quant::simd::affine32::{affine_kernels, AffineBlock32};
+    use crate::quant::simd::nibbles_32;
 
+    impl AffineBlock32 for BlockQ4_1 {
+        #[inline(always)]
+        fn dm(&self) -> [u8; 4] {
+            [self.d[0], self.d[1], self.m[0], self.m[1]]
+        }
+
+        #[inline(always)]
+        unsafe fn quants(&self) -> __m256i {
+            nibbles_32(self.qs.as_ptr())
+        }
+    }
+
+    /// [`affine32`](crate::quant::simd::affine32)'s kernels, ggml's vec_dot order in every
+    /// entry point.
     impl<I: Isa> Kernels<I> for Q4_1 {
-        /// ggml's AVX2 `ggml_vec_dot_q4_1_q8_1`: one FMA chain of `d_w·d_a·(q·a)` over the
-        /// blocks into eight lanes, the offsets' `m·s` summed apart (one scalar FMA per block, as
-        /// `summs += m*s` compiles on x86-64-v3), added after the horizontal sum.
-        #[inline]
-        fn dot(w: &[BlockQ4_1], a: &[BlockQ8_1], _order: DotOrder) -> f32 {
-            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
-            // inside the blocks borrowed from `w` and `a`.
-            unsafe {
-                let mut acc = _mm256_setzero_ps();
-                let mut offsets = 0.0f32;
-                for (x, y) in w.iter().zip(a) {
-                    offsets = f16_to_f32(x.m).mul_add(f16_to_f32(y.s), offsets);
-                    let d = _mm256_set1_ps(f16_to_f32(x.d) * f16_to_f32(y.d));
-                    // The quants are unsigned, so they can be maddubs' unsigned operand as they
-                    // are.
-                    let products = _mm256_maddubs_epi16(
-                        nibbles_32(x.qs.as_ptr()),
-                        load256(y.qs.as_ptr().cast()),
-                    );
-                    let sumi = _mm256_madd_epi16(products, _mm256_set1_epi16(1));
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-                }
-                hsum(acc) + offsets
-            }
-        }
-
-        #[inline]
-        fn dot_x4(w: &[BlockQ4_1], a: [&[BlockQ8_1]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
-        }
+        affine_kernels!(BlockQ4_1);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::mem::offset_of;
 
-use crate::quant::blocks::{block, f16_to_f32, QK};
+use crate::quant::blocks::{block, QK};
 use crate::quant::format::{Float, Format, Weight};
 use crate::quant::formats::q8_1::BlockQ8_1;
 use crate::quant::scalar;
@@ -55,50 +55,25 @@ avx2! {
 
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
-    use crate::quant::simd::{bytes_from_bits_32, hsum, load256, nibbles_32};
-    use crate::quant::DotOrder;
+    use crate::quant::simd::affine32::{affine_kernels, AffineBlock32};
+    use crate::quant::simd::{bytes_from_bits_32, nibbles_32};
 
+    impl AffineBlock32 for BlockQ5_1 {
+        #[inline(always)]
+        fn dm(&self) -> [u8; 4] {
+            [self.d[0], self.d[1], self.m[0], self.m[1]]
+        }
+
+        #[inline(always)]
+        unsafe fn quants(&self) -> __m256i {
+            let high = bytes_from_bits_32(u32::from_le_bytes(self.qh));
+            _mm256_or_si256(nibbles_32(self.qs.as_ptr()), _mm256_and_si256(high, _mm256_set1_epi8(0x10)))
+        }
+    }
+
+    /// [`affine32`](crate::quant::simd::affine32)'s kernels, ggml's vec_dot order (Q4_1's) in
+    /// every entry point.
     impl<I: Isa> Kernels<I> for Q5_1 {
-        /// ggml's AVX2 `ggml_vec_dot_q5_1_q8_1`, Q4_1's order: one FMA chain of `d_w·d_a·(q·a)`
-        /// over the blocks into eight lanes, the offsets' `m·s` summed apart by scalar FMAs and
-        /// added after the horizontal sum.
-        #[inline]
-        fn dot(w: &[BlockQ5_1], a: &[BlockQ8_1], order: DotOrder) -> f32 {
-            let [out] = <Self as Kernels<I>>::dot_n(w, [a], order);
-            out
-        }
-
-        /// [`Kernels::dot`] against `N` activation rows, each block unpacked once.
-        #[inline]
-        fn dot_n<const N: usize>(w: &[BlockQ5_1], a: [&[BlockQ8_1]; N], _order: DotOrder) -> [f32; N] {
-            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
-            // inside the blocks borrowed from `w` and `a`, which hold as many blocks as `w`
-            // (checked by the caller).
-            unsafe {
-                let mut acc = [_mm256_setzero_ps(); N];
-                let mut offsets = [0.0f32; N];
-                let fifth = _mm256_set1_epi8(0x10);
-                for (i, x) in w.iter().enumerate() {
-                    let (d_w, m_w) = (f16_to_f32(x.d), f16_to_f32(x.m));
-                    let high = _mm256_and_si256(bytes_from_bits_32(u32::from_le_bytes(x.qh)), fifth);
-                    // Unsigned quants (0..31) are maddubs' unsigned operand as they are.
-                    let quants = _mm256_or_si256(nibbles_32(x.qs.as_ptr()), high);
-                    for t in 0..N {
-                        let y = &a[t][i];
-                        offsets[t] = m_w.mul_add(f16_to_f32(y.s), offsets[t]);
-                        let d = _mm256_set1_ps(d_w * f16_to_f32(y.d));
-                        let products = _mm256_maddubs_epi16(quants, load256(y.qs.as_ptr().cast()));
-                        let sumi = _mm256_madd_epi16(products, _mm256_set1_epi16(1));
-                        acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
-                    }
-                }
-                std::array::from_fn(|t| hsum(acc[t]) + offsets[t])
-            }
-        }
-
-        #[inline]
-        fn dot_x4(w: &[BlockQ5_1], a: [&[BlockQ8_1]; 4], order: DotOrder) -> [f32; 4] {
-            <Self as Kernels<I>>::dot_n(w, a, order)
-        }
+        affine_kernels!(BlockQ5_1);
     }
 }

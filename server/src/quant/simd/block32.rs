@@ -622,7 +622,7 @@ unsafe fn quad_offsets(a: &BlockQ8_0, o: i32) -> __m256i {
 /// lane rounds as the scalar product the per-row kernels form. The caller broadcasts them from
 /// memory (a load, where a broadcast from a register is a multiply and a shuffle per row).
 #[inline(always)]
-unsafe fn scale_products<const N: usize>(d_w: f32, d_a: &[f32; N], out: *mut f32) {
+pub(crate) unsafe fn scale_products<const N: usize>(d_w: f32, d_a: &[f32; N], out: *mut f32) {
     if N == 8 {
         let d = _mm256_mul_ps(_mm256_set1_ps(d_w), _mm256_loadu_ps(d_a.as_ptr()));
         _mm256_storeu_ps(out, d);

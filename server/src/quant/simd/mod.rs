@@ -17,6 +17,7 @@ use super::blocks::{blocks, Block};
 use super::isa::Isa;
 use super::CACHE_LINE;
 
+pub mod affine32;
 pub mod block32;
 pub mod float;
 pub mod gemv_nibbles;
