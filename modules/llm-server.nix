@@ -48,7 +48,7 @@ in
     model = mkOption {
       type = types.path;
       default = pkgs.callPackage ../nix/model.nix { };
-      defaultText = literalExpression "pkgs.callPackage ./nix/model.nix { } # the profile's model, Gemma 3 270M Q4_K_M";
+      defaultText = literalExpression "pkgs.callPackage ./nix/model.nix { } # the profile's model, SmolLM2-135M-Instruct Q4_1";
       example = "/var/lib/models/qwen2.5-0.5b-instruct-q4_k_m.gguf";
       description = ''
         The GGUF model file to serve. It is memory-mapped read-only, so a file in the Nix store
