@@ -125,7 +125,9 @@ fn with_model(profile: &Path, model: &Path, dir: &Path) -> Result<(PathBuf, Stri
         .and_then(|f| f.as_str())
         .with_context(|| format!("{} has no model.file", profile.display()))?;
     let link = named_link(model, file, &dir.join("models"))?;
+    // The file replaces the profile's source, an archive's member included.
     table.remove("url");
+    table.remove("member");
     table["path"] = toml_edit::value(link.to_string_lossy().as_ref());
     table["sha256"] = toml_edit::value(sha256.as_str());
     table["size_bytes"] = toml_edit::value(i64::try_from(size)?);
@@ -206,6 +208,7 @@ mod tests {
             model.canonicalize().unwrap()
         );
         assert_eq!(loaded.model.url, None);
+        assert_eq!(loaded.model.member, None);
         assert_eq!(loaded.model.sha256, sha256);
         assert_eq!(loaded.model.size_bytes, 48);
         assert!(is_synthetic(&model).unwrap());
