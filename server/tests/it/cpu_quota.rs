@@ -9,14 +9,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A cpu cgroup with a quota of `quota` µs per 100 ms, removed when dropped.
+/// A cpu cgroup with a quota of `quota` µs per 100 ms, removed when dropped; `test` keeps the
+/// names of tests running at once apart.
 struct QuotaCgroup {
     dir: PathBuf,
 }
 
 impl QuotaCgroup {
-    fn new(quota: u64) -> QuotaCgroup {
-        let name = format!("llm-quota-test-{}-{quota}", std::process::id());
+    fn new(test: &str, quota: u64) -> QuotaCgroup {
+        let name = format!("llm-quota-{test}-{}-{quota}", std::process::id());
         let v1 = Path::new("/sys/fs/cgroup/cpu/cgroup.procs").exists();
         let root = if v1 {
             Path::new("/sys/fs/cgroup/cpu")
@@ -77,7 +78,7 @@ fn model() -> String {
 
 #[test]
 fn bench_under_a_quota_of_a_quarter_cpu_runs_one_thread_and_names_the_quota() {
-    let cgroup = QuotaCgroup::new(25_000);
+    let cgroup = QuotaCgroup::new("bench", 25_000);
     let out = cgroup.run(&[
         "bench",
         "-m",
@@ -112,7 +113,7 @@ fn bench_under_a_quota_of_a_quarter_cpu_runs_one_thread_and_names_the_quota() {
 /// thread would spend the half CPU waiting for the next period.
 #[test]
 fn a_fractional_quota_is_rounded_down() {
-    let cgroup = QuotaCgroup::new(150_000);
+    let cgroup = QuotaCgroup::new("round", 150_000);
     let out = cgroup.run(&[
         "bench",
         "-m",
@@ -153,7 +154,7 @@ impl Drop for Killed {
 
 #[test]
 fn serve_logs_the_thread_count_and_the_quota_behind_it() {
-    let cgroup = QuotaCgroup::new(25_000);
+    let cgroup = QuotaCgroup::new("serve", 25_000);
     let log = std::env::temp_dir().join(format!("llm-quota-serve-{}.log", std::process::id()));
     let _server = Killed(
         cgroup
