@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side throughput of llm-server and llama.cpp, alternating one repetition of each so both
 # see the same machine noise; prints each engine's median over the pairs and the median of the
-# per-pair ratios (ours / llama.cpp). For every decode test it also prints the weight bandwidth
+# per-pair ratios (ours / llama.cpp), of tokens per second and of CPU time per token (user +
+# system of each engine's process over the test: what a CPU quota or a burstable VM charges; below
+# 1 ours spends less). For every decode test it also prints the weight bandwidth
 # each engine reaches (our weight bytes per token × its tok/s: the same file, the same tensors
 # read) beside the machine's read bandwidth, probed once before the pairs by
 # `llm-server bench --read-bandwidth`. Needs the peer's virtualenv (see testdata/README.md).
@@ -88,8 +90,9 @@ for t in sorted({b["threads"] for b in probe}):
           f" {best[('anonymous', t)]:.1f} GB/s, model file's pages {best[('model_file', t)]:.1f} GB/s"
           " (best of 5)")
 print("| test | threads | ours tok/s | llama.cpp tok/s | ratio (median of pairs) | ratio range"
+      " | ours CPU ms/token | llama.cpp CPU ms/token | CPU ratio (median, range)"
       " | ours GB/s | llama.cpp GB/s | of read bandwidth (ours, llama.cpp) |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 key = lambda r: (r["test"], r["threads"])
 by_key = lambda doc: {key(r): r for r in doc["results"]}
 runs_by = [(by_key(a), by_key(b)) for a, b in runs]
@@ -100,6 +103,13 @@ for r in ours0["results"]:
     o = statistics.median(a[k]["median"] for a, _ in runs_by)
     p = statistics.median(b[k]["median"] for _, b in runs_by)
     ratios = [a[k]["median"] / b[k]["median"] for a, b in runs_by]
+    cpu = "| - | - | - "
+    if "cpu_ms_per_token" in r and "cpu_ms_per_token" in runs_by[0][1][k]:
+        co = statistics.median(a[k]["cpu_ms_per_token"] for a, _ in runs_by)
+        cp = statistics.median(b[k]["cpu_ms_per_token"] for _, b in runs_by)
+        cr = [a[k]["cpu_ms_per_token"] / b[k]["cpu_ms_per_token"] for a, b in runs_by]
+        cpu = (f"| {co:.2f} | {cp:.2f} | {statistics.median(cr):.2f}x"
+               f" ({min(cr):.2f}-{max(cr):.2f}) ")
     bw = "| - | - | - |"
     if r["test"].startswith("tg"):
         go, gp = bpt * o / 1e9, bpt * p / 1e9
@@ -107,7 +117,7 @@ for r in ours0["results"]:
         share = f"{go / ceiling:.0%}, {gp / ceiling:.0%}" if ceiling else "-"
         bw = f"| {go:.2f} | {gp:.2f} | {share} |"
     print(f"| {r['test']} | {r['threads']} | {o:.1f} | {p:.1f}"
-          f" | {statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} {bw}")
+          f" | {statistics.median(ratios):.2f}x | {min(ratios):.2f}-{max(ratios):.2f} {cpu}{bw}")
 anon = lambda rs: max(x["rss_anon_peak_kb"] for x in rs) // 1024
 file_ = lambda rs: max(x["rss_file_peak_kb"] for x in rs) // 1024
 print(f"peak RssAnon / RssFile MiB: ours {anon([a for a, _ in runs])} / {file_([a for a, _ in runs])},"

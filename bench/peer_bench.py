@@ -1,12 +1,14 @@
 """llama.cpp (llama-cpp-python, x86-64-v3 build) on the workload of `llm-server bench`:
 ppN prefills N prompt tokens into an empty context in one call; tgN decodes N tokens greedily
 one at a time after a BOS token. Prints one JSON document of the same shape as
-`llm-server bench --json`.
+`llm-server bench --json`, CPU time per token included (user + system time of this process,
+llama.cpp's threads and the Python host's, from getrusage around each repetition).
 
     peer_bench.py -m MODEL [-p 128,2048] [-n 128] [-t 1,2] [-r 5]
 """
 import argparse
 import json
+import resource
 import statistics
 import time
 
@@ -28,13 +30,33 @@ def status_kb(field):
     return 0
 
 
-def result(test, threads, tokens, samples):
+def cpu_secs():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+class Timer:
+    """Wall and CPU clocks around one repetition, as `llm-server bench` takes them."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), cpu_secs()
+        return self
+
+    def __exit__(self, *_):
+        self.secs = time.perf_counter() - self.wall
+        self.cpu_secs = cpu_secs() - self.cpu
+
+
+def result(test, threads, tokens, runs):
+    samples = [tokens / r.secs for r in runs]
     s = sorted(samples)
     med = statistics.median(s)
     return {"test": test, "threads": threads, "tokens": tokens,
             "samples": [round(v, 1) for v in samples], "median": round(med, 1),
             "min": round(s[0], 1), "max": round(s[-1], 1),
-            "spread": round((s[-1] - s[0]) / med, 3)}
+            "spread": round((s[-1] - s[0]) / med, 3),
+            "cpu_ms_per_token": round(statistics.median(r.cpu_secs * 1e3 / tokens for r in runs), 3),
+            "cpu_utilisation": round(statistics.median(r.cpu_secs / r.secs for r in runs), 2)}
 
 
 def main():
@@ -60,9 +82,9 @@ def main():
             samples = []
             for _ in range(a.repetitions):
                 llm.reset()
-                t = time.perf_counter()
-                llm.eval(prompt[:n])
-                samples.append(n / (time.perf_counter() - t))
+                with Timer() as t:
+                    llm.eval(prompt[:n])
+                samples.append(t)
                 anon, file_ = max(anon, status_kb("RssAnon:")), max(file_, status_kb("RssFile:"))
             results.append(result(f"pp{n}", threads, n, samples))
         for n in [n for n in a.n_gen if n > 0]:
@@ -70,11 +92,11 @@ def main():
             for _ in range(a.repetitions):
                 llm.reset()
                 llm.eval(prompt[:1])
-                t = time.perf_counter()
-                for _ in range(n):
-                    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-                    llm.eval([nxt])
-                samples.append(n / (time.perf_counter() - t))
+                with Timer() as t:
+                    for _ in range(n):
+                        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+                        llm.eval([nxt])
+                samples.append(t)
                 anon, file_ = max(anon, status_kb("RssAnon:")), max(file_, status_kb("RssFile:"))
             results.append(result(f"tg{n}", threads, n, samples))
         del llm

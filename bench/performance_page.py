@@ -15,6 +15,12 @@ Zen 2) and the same kernels. The page holds one section per class between
 `<!-- performance-table KEY -->` and `<!-- /performance-table KEY -->`; this class's section is
 replaced (or added before `<!-- performance-tables-end -->`) and every other one is kept as it
 is. `--self-test` checks the table writing on a built sample and exits.
+
+`--quota DIR` writes the "Under a CPU quota" section instead, from bench/quota.sh's raw results
+(ours and llama.cpp inside a cgroup with a CPU quota, at forced threads and at our default):
+
+    OUT=/tmp/perf/quota bench/quota.sh 3 -p 128 -n 32
+    bench/performance_page.py --quota /tmp/perf/quota
 """
 import argparse
 import json
@@ -27,6 +33,9 @@ import textwrap
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "performance.md")
 END = "<!-- performance-tables-end -->"
+QUOTA_START, QUOTA_END = "<!-- performance-quota -->", "<!-- /performance-quota -->"
+# Where the quota section goes on a page that has none yet.
+QUOTA_BEFORE = "## Reading the tables"
 
 
 def start_marker(key):
@@ -207,6 +216,137 @@ def write(labelled, page_path):
     print(f"{page_path}: section {key} written ({len(labels)} models)")
 
 
+def load_quota(directory):
+    """One quota.sh run: its run.json and, per pair, both engines at forced and default threads."""
+
+    def read(name):
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            sys.exit(f"{path} is missing: run bench/quota.sh with OUT={directory}")
+
+    run = read("run.json")
+    runs = {mode: [(read(f"ours.{mode}.{i}.json"), read(f"peer.{mode}.{i}.json"))
+                   for i in range(1, run["pairs"] + 1)] for mode in ("forced", "default")}
+    return {"run": run, "runs": runs}
+
+
+def quota_section(q):
+    """The "Under a CPU quota" section, markers included."""
+    run = q["run"]
+    ours0 = q["runs"]["forced"][0][0]
+    default = q["runs"]["default"][0][0]["default_threads"]
+    share = run["quota"] / run["period"]
+    when = lambda stamp: stamp.replace("T", " ")[:16]
+    intro = (
+        f"{run['cpu']} (family {run['family']} model {run['model']}), {ours0['model']}, inside a "
+        f"cgroup granting {share:.0%} of one CPU (`{run['cgroup_file']}` {run['quota']} "
+        f"{run['period']}); ours with `--kernels {run['kernels']}`, llama.cpp built for x86-64-v3. "
+        f"Measured {when(run['started'])} to {when(run['finished'])} UTC at commit {run['commit']} "
+        f"with `{run['command']}`. Medians (range) of {run['pairs']} alternating pairs: tokens per "
+        "second of each engine, and ratios ours / llama.cpp of tokens per second (above 1 ours is "
+        "faster) and of CPU time per token (user + system of the process, spinning threads "
+        "included; below 1 ours spends less of the quota).")
+    rows = [("forced", f"{run['forced_threads']} (forced)"),
+            ("default", f"{default['threads']} (ours' default: {default['reason']})")]
+    lines = [QUOTA_START, "## Under a CPU quota", "", fill(intro), "",
+             "| threads | test | ours tok/s | llama.cpp tok/s | ratio | ours CPU ms/token "
+             "| llama.cpp CPU ms/token | CPU ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mode, label in rows:
+        pairs = q["runs"][mode]
+        key = lambda r: r["test"]
+        by = [({key(r): r for r in o["results"]}, {key(r): r for r in p["results"]}) for o, p in pairs]
+        for r in pairs[0][0]["results"]:
+            k = key(r)
+            if k not in by[0][1]:
+                continue
+            med = lambda side, field: statistics.median(pair[side][k][field] for pair in by)
+            ratios = [o[k]["median"] / p[k]["median"] for o, p in by]
+            cpu = [o[k]["cpu_ms_per_token"] / p[k]["cpu_ms_per_token"] for o, p in by]
+            lines.append(
+                f"| {label} | {k} | {med(0, 'median'):.1f} | {med(1, 'median'):.1f} | "
+                f"{median_range(ratios)} | {med(0, 'cpu_ms_per_token'):.2f} | "
+                f"{med(1, 'cpu_ms_per_token'):.2f} | {median_range(cpu)} |")
+    lines += ["", fill(
+        "At the default llama.cpp is given the same count: llama-cpp-python's own default "
+        "(half the CPUs) does not look at the quota. `run`, `serve` and `bench` default to the "
+        "quota's whole CPUs, rounded down (`llm_server::threads::default_threads`). A burstable "
+        "VM shows no quota inside the guest; its budget is the CPU time per token above."),
+        QUOTA_END]
+    return "\n".join(lines) + "\n"
+
+
+def update_quota(page, text):
+    """`page` with the quota section replaced by `text`, or added before QUOTA_BEFORE."""
+    if QUOTA_START in page:
+        if page.count(QUOTA_START) != 1 or page.count(QUOTA_END) != 1 \
+                or page.index(QUOTA_END) < page.index(QUOTA_START):
+            sys.exit("the page's quota section is not one well-formed pair of markers: fix it by hand")
+        a = page.index(QUOTA_START)
+        b = page.index(QUOTA_END) + len(QUOTA_END)
+        if page[b:b + 1] == "\n":
+            b += 1
+        return page[:a] + text + page[b:]
+    if QUOTA_BEFORE not in page:
+        sys.exit(f"the page has no {QUOTA_BEFORE!r} heading to put the quota section before")
+    a = page.index(QUOTA_BEFORE)
+    return page[:a] + text + "\n" + page[a:]
+
+
+def write_quota(directory, page_path):
+    text = quota_section(load_quota(directory))
+    with open(page_path) as f:
+        page = f.read()
+    with open(page_path, "w") as f:
+        f.write(update_quota(page, text))
+    print(f"{page_path}: quota section written")
+
+
+def self_test_quota(tmp):
+    """A quota run of 3 pairs: the table's medians and ratios, and a second write's no-op."""
+    d = os.path.join(tmp, "quota")
+    os.mkdir(d)
+    with open(os.path.join(d, "run.json"), "w") as f:
+        json.dump({"command": "bench/quota.sh 3 -p 128 -n 32", "pairs": 3, "kernels": "avx2",
+                   "started": "2026-12-06T10:00:00Z", "finished": "2026-12-06T10:10:00Z",
+                   "commit": "abc1234", "quota": 25000, "period": 100000,
+                   "cgroup_file": "cpu.max", "forced_threads": 2, "vendor": "AuthenticAMD",
+                   "family": 23, "model": 1, "cpu": "AMD EPYC 7551"}, f)
+    default = {"threads": 1, "reason": "cgroup cpu.max 25000 100000"}
+    for i in (1, 2, 3):
+        for mode, scale in (("forced", 1.0), ("default", 2.0)):
+            ours = {"model": "m", "default_threads": default, "results": [
+                {"test": "pp128", "threads": 1, "median": 10.0 * i * scale, "cpu_ms_per_token": 20.0 / i},
+                {"test": "tg32x2", "threads": 1, "median": 1.0, "cpu_ms_per_token": 1.0}]}
+            peer = {"results": [{"test": "pp128", "threads": 1, "median": 10.0, "cpu_ms_per_token": 40.0}]}
+            json.dump(ours, open(os.path.join(d, f"ours.{mode}.{i}.json"), "w"))
+            json.dump(peer, open(os.path.join(d, f"peer.{mode}.{i}.json"), "w"))
+    page_path = os.path.join(tmp, "quota.md")
+    before = "# Performance\n\n" + END + "\n\n" + QUOTA_BEFORE + "\n\ntext\n"
+    with open(page_path, "w") as f:
+        f.write(before)
+    write_quota(d, page_path)
+    page = open(page_path).read()
+    unwrapped = page.replace("\n", " ")
+    checks = [
+        (page.index(END) < page.index(QUOTA_START) < page.index(QUOTA_BEFORE),
+         "the quota section comes after the tables, before the reading notes"),
+        ("| 2 (forced) | pp128 | 20.0 | 10.0 | 2.00 (1.00–3.00) | 10.00 | 40.00 | 0.25 (0.17–0.50) |"
+         in page, "forced row: medians and ratios of tok/s and CPU time"),
+        ("| 1 (ours' default: cgroup cpu.max 25000 100000) | pp128 | 40.0 | 10.0 | 4.00 (2.00–6.00) |"
+         in page, "default row names the count and its reason"),
+        ("tg32x2" not in page, "a test the peer does not run is left out"),
+        ("AMD EPYC 7551 (family 23 model 1), m, inside a cgroup granting 25% of one CPU" in unwrapped,
+         "the CPU model and the quota are named"),
+    ]
+    write_quota(d, page_path)
+    checks.append((open(page_path).read() == page, "writing the quota run again changes nothing"))
+    return checks
+
+
 def self_test():
     """Builds compare.sh's output for two models on a Zen 2, writes it into a page that holds
     another class's section, and checks the numbers, the other section and a second write."""
@@ -269,6 +409,7 @@ def self_test():
         ]
         write([f"{dirs[0]}=first model", dirs[1]], page_path)
         checks.append((open(page_path).read() == page, "writing the same runs again changes nothing"))
+        checks += self_test_quota(tmp)
         failed = [what for ok, what in checks if not ok]
         if failed:
             print(page)
@@ -282,9 +423,15 @@ def main():
                     help="a compare.sh OUT directory, and the label of its row")
     ap.add_argument("--page", default=PAGE, help="the page to update (default: docs/performance.md)")
     ap.add_argument("--self-test", action="store_true", help="check the script on a built sample")
+    ap.add_argument("--quota", metavar="DIR",
+                    help="write the 'Under a CPU quota' section from a bench/quota.sh OUT directory")
     a = ap.parse_args()
     if a.self_test:
         return self_test()
+    if a.quota:
+        if a.runs:
+            ap.error("--quota takes one quota.sh directory; write the tables in another run")
+        return write_quota(a.quota, a.page)
     if not a.runs:
         ap.error("give at least one compare.sh OUT directory (or --self-test)")
     write(a.runs, a.page)

@@ -30,7 +30,7 @@ impl MemoryPlan {
     ) -> Result<MemoryPlan, ModelError> {
         let config = Config::from_gguf(g)?;
         let weights = Weights::load(g, &config)?;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = crate::threads::default_threads().threads;
         let parallel = parallel.max(1);
         let sampler = Sampler::bytes(config.n_vocab);
         // Every slot may generate under a grammar: its worst case is planned, not found.

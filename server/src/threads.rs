@@ -12,6 +12,12 @@
 //! between tokens) when a loop is dispatched; waiting for it to wake up only to find nothing
 //! to do cost the decode thread a scheduler time slice per loop.
 
+mod default_count;
+
+pub use default_count::{
+    choose, cpu_quota, default_threads, parse_cfs, parse_cpu_max, CpuQuota, DefaultThreads,
+};
+
 use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -8,6 +8,10 @@
 //! `bench/peer_bench.py` runs the same workload on llama.cpp, and `bench/compare.sh` alternates
 //! the two.
 //!
+//! Every test also reports the CPU time it took per token (user + system time of the whole
+//! process, `getrusage(RUSAGE_SELF)`, so the pool's spinning workers count): what a VM that sells
+//! CPU time by the slice (a burstable shape, a cgroup quota) makes the user wait for.
+//!
 //! Every decode test also reports the bandwidth it implies: the weight bytes one forward pass
 //! reads (`weight_bytes_per_token`, from the model's tensor table) × forward passes per second.
 //! `--read-bandwidth` adds a probe of the machine's sequential read bandwidth ([`bandwidth`]),
@@ -19,6 +23,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use llm_server::model::{decode_batch, LoadOptions, Model, Session, UBATCH};
+use llm_server::threads::DefaultThreads;
 use serde::Serialize;
 use smallvec::SmallVec;
 
@@ -35,8 +40,9 @@ pub struct Bench {
     /// Generation lengths to decode, comma-separated (0 for none).
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_values_t = [128])]
     n_gen: Vec<usize>,
-    /// Thread counts, comma-separated.
-    #[arg(short = 't', long = "threads", value_delimiter = ',', default_values_t = [1])]
+    /// Thread counts, comma-separated [default: the count `run` and `serve` pick: the physical
+    /// cores, at most the CPUs the cgroup's quota grants].
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
     threads: Vec<usize>,
     /// Concurrent streams for the decode tests, comma-separated: each S > 1 adds a `tgNxS` test
     /// of S sessions decoded together in one batched pass per step.
@@ -73,6 +79,8 @@ struct Report {
     /// Bytes of weights one forward pass reads: every layer's matrices, the output matrix and
     /// one embedding row (`model::weight_bytes_per_token`).
     weight_bytes_per_token: u64,
+    /// The thread count without `-t`, and why (`llm_server::threads::default_threads`).
+    default_threads: DefaultThreads,
     results: Vec<TestResult>,
     /// `--read-bandwidth`'s probe, absent without it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -102,6 +110,11 @@ struct TestResult {
     max: f64,
     /// (max − min) / median.
     spread: f64,
+    /// CPU milliseconds (user + system, all threads) per token, median of the repetitions:
+    /// per prompt token for `ppN`, per generated token for `tgN` and `tgNxS`.
+    cpu_ms_per_token: f64,
+    /// CPU time over wall time of the median repetition: how many CPUs the test kept busy.
+    cpu_utilisation: f64,
     /// Decode tests only: the weight bandwidth the median implies, GB/s (1e9 bytes):
     /// `weight_bytes_per_token` × forward passes per second (a `tgNxS` pass makes S tokens).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -109,8 +122,12 @@ struct TestResult {
 }
 
 impl Bench {
-    pub fn run(self) -> CliResult {
+    pub fn run(mut self) -> CliResult {
         self.check()?;
+        let default_threads = llm_server::threads::default_threads();
+        if self.threads.is_empty() {
+            self.threads = vec![default_threads.threads];
+        }
         let mut mem = Memory::default();
         let mut results = Vec::new();
         let mut name = String::new();
@@ -208,6 +225,7 @@ impl Bench {
             cpu: cpu_model(),
             kernels: llm_server::quant::isa::selected().to_string(),
             weight_bytes_per_token: bytes_per_token,
+            default_threads,
             results,
             read_bandwidth,
             rss_anon_peak_kb: mem.anon,
@@ -259,19 +277,19 @@ fn prompt(model: &Model, n: usize) -> Vec<u32> {
     p
 }
 
-/// Tokens per second prefilling `tokens` into an empty context.
+/// Prefilling `tokens` into an empty context.
 fn prefill(
     model: &Model,
     s: &mut Session,
     tokens: &[u32],
-) -> Result<f64, Box<dyn std::error::Error>> {
+) -> Result<Sample, Box<dyn std::error::Error>> {
     s.clear();
-    let t = Instant::now();
+    let t = Timer::start();
     s.eval(model, tokens)?;
-    Ok(tokens.len() as f64 / t.elapsed().as_secs_f64())
+    Ok(t.stop(tokens.len()))
 }
 
-/// Tokens per second decoding `n` tokens greedily after `first` (which is not timed).
+/// Decoding `n` tokens greedily after `first` (which is not timed).
 // Not inlined, so `valgrind --tool=callgrind --toggle-collect=` can count one test alone.
 #[inline(never)]
 fn decode(
@@ -279,17 +297,17 @@ fn decode(
     s: &mut Session,
     first: u32,
     n: usize,
-) -> Result<f64, Box<dyn std::error::Error>> {
+) -> Result<Sample, Box<dyn std::error::Error>> {
     s.clear();
     let mut next = argmax(s.eval(model, &[first])?);
-    let t = Instant::now();
+    let t = Timer::start();
     for _ in 0..n {
         next = argmax(s.eval(model, &[next])?);
     }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
+    Ok(t.stop(n))
 }
 
-/// Aggregate tokens per second of `sessions.len()` streams decoding `n` tokens each, all in one
+/// `sessions.len()` streams decoding `n` tokens each, all in one
 /// batched pass per step; stream i starts after prompt token i (untimed), so the streams differ.
 #[inline(never)]
 fn decode_streams(
@@ -297,14 +315,14 @@ fn decode_streams(
     sessions: &mut [Session],
     tokens: &[u32],
     n: usize,
-) -> Result<f64, Box<dyn std::error::Error>> {
+) -> Result<Sample, Box<dyn std::error::Error>> {
     let mut next = Vec::with_capacity(sessions.len());
     for (i, s) in sessions.iter_mut().enumerate() {
         s.clear();
         next.push([argmax(s.eval(model, &[tokens[i % tokens.len()]])?)]);
     }
     let mut batch: Vec<&mut Session> = sessions.iter_mut().collect();
-    let t = Instant::now();
+    let t = Timer::start();
     for _ in 0..n {
         // On the stack (as the server's scheduler does): the timed loop allocates nothing.
         let inputs: SmallVec<[&[u32]; 8]> = next.iter().map(|t| &t[..]).collect();
@@ -314,7 +332,63 @@ fn decode_streams(
             *t = [argmax(s.logits_row(0))];
         }
     }
-    Ok((n * batch.len()) as f64 / t.elapsed().as_secs_f64())
+    Ok(t.stop(n * batch.len()))
+}
+
+/// One repetition of a test: its tokens, wall time and the process's CPU time.
+#[derive(Clone, Copy)]
+struct Sample {
+    tokens: usize,
+    secs: f64,
+    cpu_secs: f64,
+}
+
+impl Sample {
+    fn tok_per_s(&self) -> f64 {
+        self.tokens as f64 / self.secs
+    }
+
+    fn cpu_ms_per_token(&self) -> f64 {
+        self.cpu_secs * 1e3 / self.tokens as f64
+    }
+}
+
+/// Wall and CPU clocks started together.
+struct Timer {
+    wall: Instant,
+    cpu: f64,
+}
+
+impl Timer {
+    fn start() -> Timer {
+        let cpu = process_cpu_secs();
+        Timer {
+            wall: Instant::now(),
+            cpu,
+        }
+    }
+
+    fn stop(self, tokens: usize) -> Sample {
+        let secs = self.wall.elapsed().as_secs_f64();
+        Sample {
+            tokens,
+            secs,
+            cpu_secs: process_cpu_secs() - self.cpu,
+        }
+    }
+}
+
+/// User + system CPU seconds of this process so far, every thread included.
+fn process_cpu_secs() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage into the pointer it is given; RUSAGE_SELF is valid,
+    // so it cannot fail (and a zeroed rusage is a valid value if it did).
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
 fn argmax(l: &[f32]) -> u32 {
@@ -336,6 +410,10 @@ fn sorted(samples: &[f64]) -> Vec<f64> {
     sorted
 }
 
+fn sorted_f(values: impl Iterator<Item = f64>) -> Vec<f64> {
+    sorted(&values.collect::<Vec<_>>())
+}
+
 /// The median of samples already [`sorted`] (at least one).
 fn median(sorted: &[f64]) -> f64 {
     let k = sorted.len();
@@ -351,10 +429,13 @@ impl TestResult {
         test: String,
         threads: usize,
         tokens: usize,
-        samples: Vec<f64>,
+        runs: Vec<Sample>,
         bandwidth: Option<Bandwidth>,
     ) -> TestResult {
+        let samples: Vec<f64> = runs.iter().map(Sample::tok_per_s).collect();
         let sorted = sorted(&samples);
+        let cpu_ms = median(&sorted_f(runs.iter().map(Sample::cpu_ms_per_token)));
+        let utilisation = median(&sorted_f(runs.iter().map(|r| r.cpu_secs / r.secs)));
         let median = median(&sorted);
         let (min, max) = (sorted[0], sorted[sorted.len() - 1]);
         TestResult {
@@ -366,6 +447,8 @@ impl TestResult {
             min: round1(min),
             max: round1(max),
             spread: ((max - min) / median * 1000.0).round() / 1000.0,
+            cpu_ms_per_token: (cpu_ms * 1000.0).round() / 1000.0,
+            cpu_utilisation: (utilisation * 100.0).round() / 100.0,
             gb_per_s: bandwidth.map(|b| {
                 let gb = b.bytes_per_token as f64 * median / b.streams as f64 / 1e9;
                 (gb * 100.0).round() / 100.0
@@ -380,24 +463,30 @@ fn round1(v: f64) -> f64 {
 
 fn print_table(r: &Report) {
     println!("model {}, {}, {} kernels", r.model, r.cpu, r.kernels);
+    println!("default threads: {}", r.default_threads);
     println!(
         "weights read per token: {:.1} MB",
         r.weight_bytes_per_token as f64 / 1e6
     );
     if !r.results.is_empty() {
-        println!("| test | threads | tok/s (median) | min | max | spread | weights GB/s |");
-        println!("|---|---|---|---|---|---|---|");
+        println!(
+            "| test | threads | tok/s (median) | min | max | spread | CPU ms/token | CPUs busy \
+             | weights GB/s |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
     }
     for t in &r.results {
         let gb = t.gb_per_s.map_or("-".to_owned(), |g| format!("{g:.2}"));
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} % | {gb} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} % | {:.2} | {:.2} | {gb} |",
             t.test,
             t.threads,
             t.median,
             t.min,
             t.max,
-            t.spread * 100.0
+            t.spread * 100.0,
+            t.cpu_ms_per_token,
+            t.cpu_utilisation
         );
     }
     if let Some(bw) = &r.read_bandwidth {

@@ -27,7 +27,8 @@ pub struct Run {
     /// Seed of the sampler's random stream [default: random].
     #[arg(long)]
     seed: Option<u64>,
-    /// Threads for the forward pass [default: the physical cores available, or 1].
+    /// Threads for the forward pass [default: the physical cores, at most the CPUs the cgroup's
+    /// quota grants].
     #[arg(long, short)]
     threads: Option<usize>,
     /// Keep only the K most likely tokens (0 disables).
@@ -54,7 +55,9 @@ pub struct Run {
 
 impl Run {
     pub fn run(self) -> CliResult {
-        let threads = self.threads.unwrap_or_else(physical_cores);
+        let threads = self
+            .threads
+            .unwrap_or_else(|| llm_server::threads::default_threads().threads);
         if threads == 0 {
             return Err("--threads must be at least 1".into());
         }
@@ -174,29 +177,4 @@ fn speed(tokens: usize, took: Duration) -> String {
         0.0
     };
     format!("{:.2} s, {rate:.1} tok/s", secs)
-}
-
-/// Physical cores this process may run on. A second hyper-thread on a core adds little to
-/// memory-bound matrix-vector work and slows the first one, so only cores count.
-fn physical_cores() -> usize {
-    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut cores: Vec<String> = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu") else {
-        return 1;
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let is_cpu = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("cpu"))
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-        // A core's hyper-threads all list the same siblings, so unique lists are cores.
-        let siblings = entry.path().join("topology/thread_siblings_list");
-        if let (true, Ok(list)) = (is_cpu, std::fs::read_to_string(siblings)) {
-            cores.push(list.trim().to_owned());
-        }
-    }
-    cores.sort_unstable();
-    cores.dedup();
-    cores.len().clamp(1, allowed)
 }

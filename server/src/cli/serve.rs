@@ -37,7 +37,8 @@ pub struct Serve {
     /// Requests that may wait for a slot; beyond this the answer is 503 with Retry-After.
     #[arg(long, default_value_t = 16)]
     queue: usize,
-    /// Threads for the forward pass (default: all CPUs).
+    /// Threads for the forward pass [default: the physical cores, at most the CPUs the cgroup's
+    /// quota grants; the start-up log says which].
     #[arg(long, short)]
     threads: Option<usize>,
     /// Lock the weights in RAM.
@@ -180,7 +181,7 @@ impl Serve {
             .thread_name("http")
             .enable_all()
             .build()?;
-        runtime.block_on(self.serve(gguf, checked, http, tls, limits, cpus))
+        runtime.block_on(self.serve(gguf, checked, http, tls, limits))
     }
 
     async fn serve(
@@ -190,7 +191,6 @@ impl Serve {
         http: HttpConfig,
         tls: Option<tokio_rustls::TlsAcceptor>,
         limits: ConnLimits,
-        cpus: usize,
     ) -> CliResult {
         let store = self.slot_store()?;
         let addr = SocketAddr::new(self.host, self.port);
@@ -208,7 +208,7 @@ impl Serve {
         let loader = Loader {
             model_id: self.alias.clone().unwrap_or_else(|| file_name(&self.model)),
             options: LoadOptions {
-                threads: self.threads.unwrap_or(cpus).max(1),
+                threads: self.forward_threads(),
                 mlock: self.mlock,
             },
             slots: Slots {
@@ -291,6 +291,19 @@ impl Serve {
 }
 
 impl Serve {
+    /// The forward pass's threads, logged with where the number came from.
+    fn forward_threads(&self) -> usize {
+        let threads = match self.threads {
+            Some(n) => llm_server::threads::DefaultThreads {
+                threads: n.max(1),
+                reason: "--threads".into(),
+            },
+            None => llm_server::threads::default_threads(),
+        };
+        tracing::info!("forward pass on {threads}");
+        threads.threads
+    }
+
     /// The slot store of --slot-save-path, its directory created if missing.
     fn slot_store(&self) -> Result<Option<SlotStore>, String> {
         let Some(dir) = &self.slot_save_path else {

@@ -41,26 +41,36 @@ pub struct CgroupUsage {
 impl Cgroup {
     /// This process's memory cgroup, or `None` when no memory controller is mounted.
     pub fn own() -> Option<Cgroup> {
-        let membership = fs::read_to_string("/proc/self/cgroup").ok()?;
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
-        Cgroup::locate(&membership, &mountinfo)
+        Cgroup::own_for("memory")
     }
 
-    /// Finds the memory cgroup from the texts of `/proc/self/cgroup` and `/proc/self/mountinfo`.
-    /// A v1 memory controller wins over v2: on hybrid hosts (like our development machine) the
-    /// unified hierarchy exists but the memory controller is attached to v1.
+    /// This process's cgroup in the hierarchy that holds `controller` (`memory`, `cpu`).
+    pub fn own_for(controller: &str) -> Option<Cgroup> {
+        let membership = fs::read_to_string("/proc/self/cgroup").ok()?;
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+        Cgroup::locate_for(&membership, &mountinfo, controller)
+    }
+
+    #[cfg(test)]
     fn locate(membership: &str, mountinfo: &str) -> Option<Cgroup> {
+        Cgroup::locate_for(membership, mountinfo, "memory")
+    }
+
+    /// Finds the cgroup of `controller` from the texts of `/proc/self/cgroup` and
+    /// `/proc/self/mountinfo`. A v1 controller wins over v2: on hybrid hosts (like our
+    /// development machine) the unified hierarchy exists but the controllers are attached to v1.
+    pub fn locate_for(membership: &str, mountinfo: &str, controller: &str) -> Option<Cgroup> {
         let mounts: Vec<Mount> = mountinfo.lines().filter_map(Mount::parse).collect();
         let v1 = membership.lines().find_map(|line| {
             let mut parts = line.splitn(3, ':');
             let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
             controllers
                 .split(',')
-                .any(|c| c == "memory")
+                .any(|c| c == controller)
                 .then_some(path)
         });
         if let Some(path) = v1 {
-            let mount = mounts.iter().find(|m| m.is_v1_memory())?;
+            let mount = mounts.iter().find(|m| m.is_v1(controller))?;
             return Some(mount.cgroup(Version::V1, path));
         }
         let path = membership
@@ -124,7 +134,7 @@ impl Cgroup {
     }
 
     /// This cgroup's directory and each parent up to the hierarchy's mount point.
-    fn ancestors(&self) -> impl Iterator<Item = &Path> {
+    pub fn ancestors(&self) -> impl Iterator<Item = &Path> {
         self.dir
             .ancestors()
             .take_while(move |dir| dir.starts_with(&self.mount))
@@ -153,8 +163,8 @@ impl Mount {
         })
     }
 
-    fn is_v1_memory(&self) -> bool {
-        self.fstype == "cgroup" && self.super_options.split(',').any(|o| o == "memory")
+    fn is_v1(&self, controller: &str) -> bool {
+        self.fstype == "cgroup" && self.super_options.split(',').any(|o| o == controller)
     }
 
     /// The directory of the cgroup at `path` (relative to the hierarchy root) under this mount.

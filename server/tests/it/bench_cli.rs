@@ -192,17 +192,46 @@ fn read_bandwidth_probe_reports_both_sources_at_every_thread_count() {
     );
 }
 
+/// Without -t the tests run at the default thread count, which the table names with its reason.
 #[test]
 fn table_output_names_the_tests() {
     let out = bench(&["-p", "8", "-n", "2", "-r", "1"]);
     let text = String::from_utf8(out.stdout).unwrap();
+    let threads = text
+        .lines()
+        .find_map(|l| l.strip_prefix("default threads: "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or_else(|| panic!("no default thread count in\n{text}"));
     assert!(
         out.status.success()
-            && text.contains("| pp8 | 1 |")
-            && text.contains("| tg2 | 1 |")
+            && text.contains(&format!("| pp8 | {threads} |"))
+            && text.contains(&format!("| tg2 | {threads} |"))
+            && text.contains("| CPU ms/token |")
             && text.contains("weights read per token:"),
         "{text}"
     );
+}
+
+/// CPU time per token is reported beside tok/s: positive, and at most wall time × threads
+/// (plus getrusage's tick of slack), since the process cannot use more CPUs than it runs.
+#[test]
+fn every_test_reports_its_cpu_time_per_token() {
+    let out = bench(&["-p", "16", "-n", "4", "-t", "1,2", "-r", "1", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for r in v["results"].as_array().unwrap() {
+        let cpu_ms = r["cpu_ms_per_token"].as_f64().unwrap();
+        let wall_ms = 1000.0 / r["median"].as_f64().unwrap();
+        let threads = r["threads"].as_f64().unwrap();
+        let busy = r["cpu_utilisation"].as_f64().unwrap();
+        assert!(cpu_ms > 0.0, "{r}");
+        assert!(cpu_ms <= wall_ms * threads * 1.1 + 1.0, "{r}");
+        assert!(busy > 0.0 && busy <= threads + 0.1, "{r}");
+    }
 }
 
 /// `-s 3` adds a batched test after the single-stream one, counting the tokens of all three

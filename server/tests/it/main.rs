@@ -16,6 +16,7 @@ mod bench_cli;
 mod chat_page;
 mod cli;
 mod cpu_guard;
+mod cpu_quota;
 mod dequant_vs_gguf_py;
 mod gguf_malformed;
 mod golden;
