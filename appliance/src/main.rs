@@ -142,7 +142,6 @@ fn run(cmd: Cmd) -> Result<ExitCode> {
             let profile = Profile::load(&profile)?;
             let imds = secrets::Imds::new(profile.oci.metadata_address);
             let provisioned = secrets::provision(&profile, &secrets::Files::under(&root), &imds)
-                .map_err(anyhow::Error::msg)
                 .context("provision the API keys and the TLS certificate")?;
             for line in provisioned.log {
                 println!("{line}");

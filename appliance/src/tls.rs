@@ -28,6 +28,39 @@ pub const RENEW_WITHIN_DAYS: i64 = 30;
 /// certificate from one the metadata gave.
 pub const SELF_SIGNED_ORGANIZATION: &str = "llm-appliance self-signed";
 
+// The errors below put their cause's text in their own message, as the journal and the doctor
+// print it, and keep the cause in a field to match on rather than in `source()`: a printer
+// that walks the chain (anyhow's `{:#}`) would otherwise say it twice.
+
+/// Why PEM text gives no certificate ([`inspect`], [`Fingerprint::of_pem`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("no `BEGIN CERTIFICATE` block")]
+    NoCertificate,
+    #[error("not a PEM certificate: {0}")]
+    Pem(rustls::pki_types::pem::Error),
+    #[error("not an X.509 certificate: {0}")]
+    X509(x509_parser::nom::Err<x509_parser::error::X509Error>),
+}
+
+/// Why [`self_signed`] made no certificate.
+#[derive(Debug, thiserror::Error)]
+pub enum SelfSignedError {
+    #[error("could not make a self-signed certificate: {0}")]
+    Rcgen(rcgen::Error),
+    /// The validity window does not fit `time`'s dates (a clock far off).
+    #[error("could not make a self-signed certificate: {0}")]
+    Date(time::error::ComponentRange),
+}
+
+/// Text that is not a fingerprint in the `AB:CD:...` form ([`Fingerprint::parse`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a SHA-256 fingerprint (64 hex digits)")]
+pub struct FingerprintParseError {
+    /// The text as given.
+    pub text: String,
+}
+
 /// A certificate and its private key, PEM.
 pub struct Made {
     pub cert_pem: String,
@@ -62,12 +95,14 @@ fn unix_secs(t: SystemTime) -> i64 {
 
 /// A self-signed certificate (ECDSA P-256) for `names` ([`subject_alt_names`]), valid from
 /// [`BACKDATE_DAYS`] before `now` for [`LIFETIME_DAYS`], for TLS servers.
-pub fn self_signed(hostname: &str, names: &[String], now: SystemTime) -> Result<Made, String> {
-    let err = |e: rcgen::Error| format!("could not make a self-signed certificate: {e}");
-    let date = |secs: i64| {
-        time::OffsetDateTime::from_unix_timestamp(secs)
-            .map_err(|e| format!("could not make a self-signed certificate: {e}"))
-    };
+pub fn self_signed(
+    hostname: &str,
+    names: &[String],
+    now: SystemTime,
+) -> Result<Made, SelfSignedError> {
+    let err = SelfSignedError::Rcgen;
+    let date =
+        |secs: i64| time::OffsetDateTime::from_unix_timestamp(secs).map_err(SelfSignedError::Date);
     let now = unix_secs(now);
     let mut params = rcgen::CertificateParams::new(names.to_vec()).map_err(err)?;
     params.not_before = date(now - BACKDATE_DAYS * DAY_SECS)?;
@@ -85,6 +120,14 @@ pub fn self_signed(hostname: &str, names: &[String], now: SystemTime) -> Result<
     })
 }
 
+/// The first certificate of `pem` (the server's own; a chain follows it).
+fn first_certificate(pem: &[u8]) -> Result<CertificateDer<'static>, CertError> {
+    CertificateDer::pem_slice_iter(pem)
+        .next()
+        .ok_or(CertError::NoCertificate)?
+        .map_err(CertError::Pem)
+}
+
 /// What a boot reads back from a certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertInfo {
@@ -98,14 +141,10 @@ pub struct CertInfo {
 }
 
 /// Reads the first certificate of `pem`.
-pub fn inspect(pem: &[u8]) -> Result<CertInfo, String> {
+pub fn inspect(pem: &[u8]) -> Result<CertInfo, CertError> {
     use x509_parser::extensions::GeneralName;
-    let der = CertificateDer::pem_slice_iter(pem)
-        .next()
-        .ok_or("no `BEGIN CERTIFICATE` block")?
-        .map_err(|e| format!("not a PEM certificate: {e}"))?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der)
-        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let der = first_certificate(pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(CertError::X509)?;
     let validity = cert.validity();
     let made_here = cert
         .subject()
@@ -167,26 +206,23 @@ impl Fingerprint {
     }
 
     /// The fingerprint of the first certificate in `pem` (the server's own; a chain follows it).
-    pub fn of_pem(pem: &[u8]) -> Result<Fingerprint, String> {
-        let cert = CertificateDer::pem_slice_iter(pem)
-            .next()
-            .ok_or("no `BEGIN CERTIFICATE` block")?
-            .map_err(|e| format!("not a PEM certificate: {e}"))?;
-        Ok(Fingerprint::of_der(&cert))
+    pub fn of_pem(pem: &[u8]) -> Result<Fingerprint, CertError> {
+        Ok(Fingerprint::of_der(&first_certificate(pem)?))
     }
 
     /// Parses the `AB:CD:...` form (case and colons optional).
-    pub fn parse(s: &str) -> Result<Fingerprint, String> {
+    pub fn parse(s: &str) -> Result<Fingerprint, FingerprintParseError> {
+        let err = || FingerprintParseError { text: s.to_owned() };
         let hex: String = s.chars().filter(|c| *c != ':').collect();
         let mut bytes = [0u8; 32];
         if hex.len() != 64 {
-            return Err(format!(
-                "`{s}` is not a SHA-256 fingerprint (64 hex digits)"
-            ));
+            return Err(err());
         }
         for (i, byte) in bytes.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
-                .map_err(|_| format!("`{s}` is not a SHA-256 fingerprint (64 hex digits)"))?;
+            *byte = hex
+                .get(2 * i..2 * i + 2)
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(err)?;
         }
         Ok(Fingerprint(bytes))
     }
@@ -297,8 +333,19 @@ mod tests {
             Fingerprint::parse(&text.replace(':', "").to_lowercase()).unwrap(),
             f
         );
-        assert!(Fingerprint::parse("AB:CD").is_err());
-        assert!(Fingerprint::of_pem(b"not pem").is_err());
+        let e = Fingerprint::parse("AB:CD").unwrap_err();
+        assert_eq!(e.text, "AB:CD");
+        assert_eq!(
+            e.to_string(),
+            "`AB:CD` is not a SHA-256 fingerprint (64 hex digits)"
+        );
+        assert!(Fingerprint::parse(&"G".repeat(64)).is_err());
+        // 64 bytes but 32 characters: refused, not sliced inside a character.
+        assert!(Fingerprint::parse(&"é".repeat(32)).is_err());
+        assert!(matches!(
+            Fingerprint::of_pem(b"not pem"),
+            Err(CertError::NoCertificate)
+        ));
     }
 
     #[test]
@@ -315,8 +362,12 @@ mod tests {
         // The key is the certificate's: rustls pairs them.
         let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(made.key_pem.as_bytes());
         assert!(key.is_ok());
+        let e =
+            inspect(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").unwrap_err();
+        assert!(matches!(e, CertError::X509(_)), "{e:?}");
         assert!(
-            inspect(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").is_err()
+            e.to_string().starts_with("not an X.509 certificate: "),
+            "{e}"
         );
     }
 

@@ -2,27 +2,65 @@
 //! the certificate's fingerprint, both files root-only.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
 use crate::profile::Profile;
-use crate::secrets::{parse_keys, Files};
-use crate::tls::{self, Fingerprint};
+use crate::secrets::{parse_keys, Files, KeyListError};
+use crate::tls::{self, CertError, CertInfo, Fingerprint};
 
 use super::{Check, Host};
 
 const HINT: &str = "see `journalctl -u llm-secrets`; `systemctl restart llm-secrets llm-server` provisions them again";
 
+/// What is wrong with a secret's file. The cause's text is part of the message (the check's
+/// detail), so it is kept in a field rather than in `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFileError {
+    #[error("cannot read {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Its mode cannot be read (it is missing, most likely).
+    #[error("{}: {error}", path.display())]
+    Mode {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Group or others may read it; `mode` is its permission bits.
+    #[error("{} has mode {mode:o}: others may read it", path.display())]
+    Exposed { path: PathBuf, mode: u32 },
+    #[error(transparent)]
+    Keys(#[from] KeyListError),
+    /// The certificate file holds no certificate.
+    #[error(transparent)]
+    Certificate(#[from] CertError),
+    /// The certificate's fingerprint was read but its contents cannot be.
+    #[error("{}: {error}", path.display())]
+    Unreadable { path: PathBuf, error: CertError },
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, SecretFileError> {
+    std::fs::read(path).map_err(|error| SecretFileError::Read {
+        path: path.to_owned(),
+        error,
+    })
+}
+
 /// Whether `path` is readable by its owner only.
-fn private(path: &std::path::Path) -> Result<(), String> {
+fn private(path: &Path) -> Result<(), SecretFileError> {
     let mode = std::fs::metadata(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
+        .map_err(|error| SecretFileError::Mode {
+            path: path.to_owned(),
+            error,
+        })?
         .permissions()
         .mode();
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "{} has mode {:o}: others may read it",
-            path.display(),
-            mode & 0o777
-        ));
+        return Err(SecretFileError::Exposed {
+            path: path.to_owned(),
+            mode: mode & 0o777,
+        });
     }
     Ok(())
 }
@@ -42,11 +80,16 @@ fn api_keys(profile: &Profile, files: &Files) -> Check {
         );
     }
     let path = &files.api_keys;
-    let keys = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
-        .and_then(|text| parse_keys(&text))
-        .and_then(|keys| private(path).map(|()| keys));
-    match keys {
+    let keys = || -> Result<Vec<String>, SecretFileError> {
+        let text = std::fs::read_to_string(path).map_err(|error| SecretFileError::Read {
+            path: path.to_owned(),
+            error,
+        })?;
+        let keys = parse_keys(&text)?;
+        private(path)?;
+        Ok(keys)
+    };
+    match keys() {
         Ok(keys) => Check::ok(
             NAME,
             format!(
@@ -55,7 +98,7 @@ fn api_keys(profile: &Profile, files: &Files) -> Check {
                 path.display()
             ),
         ),
-        Err(e) => Check::fail(NAME, e, HINT),
+        Err(e) => Check::fail(NAME, e.to_string(), HINT),
     }
 }
 
@@ -68,20 +111,19 @@ fn certificate(profile: &Profile, files: &Files) -> Check {
             "set server.tls = \"metadata\" in the profile",
         );
     }
-    let fingerprint = std::fs::read(&files.tls_cert)
-        .map_err(|e| format!("cannot read {}: {e}", files.tls_cert.display()))
-        .and_then(|pem| Fingerprint::of_pem(&pem))
-        .and_then(|f| private(&files.tls_key).map(|()| f));
-    let f = match fingerprint {
-        Ok(f) => f,
-        Err(e) => return Check::fail(NAME, e, HINT),
+    let read_back = || -> Result<(Fingerprint, CertInfo), SecretFileError> {
+        let pem = read(&files.tls_cert)?;
+        let f = Fingerprint::of_pem(&pem)?;
+        private(&files.tls_key)?;
+        let info = tls::inspect(&pem).map_err(|error| SecretFileError::Unreadable {
+            path: files.tls_cert.clone(),
+            error,
+        })?;
+        Ok((f, info))
     };
-    let info = std::fs::read(&files.tls_cert)
-        .map_err(|e| e.to_string())
-        .and_then(|pem| tls::inspect(&pem));
-    let info = match info {
-        Ok(info) => info,
-        Err(e) => return Check::fail(NAME, format!("{}: {e}", files.tls_cert.display()), HINT),
+    let (f, info) = match read_back() {
+        Ok(read) => read,
+        Err(e) => return Check::fail(NAME, e.to_string(), HINT),
     };
     let until = time::OffsetDateTime::from_unix_timestamp(info.not_after)
         .map(|t| t.date().to_string())
@@ -99,9 +141,7 @@ fn certificate(profile: &Profile, files: &Files) -> Check {
 }
 
 /// The certificate the server presents, for the doctor's own request to /health.
-pub fn fingerprint(host: &Host) -> Result<Fingerprint, String> {
-    let files = Files::under(&host.root);
-    let pem = std::fs::read(&files.tls_cert)
-        .map_err(|e| format!("cannot read {}: {e}", files.tls_cert.display()))?;
-    Fingerprint::of_pem(&pem)
+pub fn fingerprint(host: &Host) -> Result<Fingerprint, SecretFileError> {
+    let pem = read(&Files::under(&host.root).tls_cert)?;
+    Ok(Fingerprint::of_pem(&pem)?)
 }

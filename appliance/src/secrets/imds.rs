@@ -3,9 +3,10 @@
 //! the launch did not give answers 404.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::Metadata;
+use super::{Metadata, MetadataError};
 
 /// Tries and the pause between them: the network may still be coming up at boot (as for the
 /// SSH keys' curl, about half a minute in all).
@@ -60,14 +61,11 @@ fn base(address: IpAddr) -> String {
 impl Imds {
     /// GET `path`: its body, `None` on 404, an error when the service cannot be reached or
     /// answers otherwise (after [`TRIES`]).
-    fn fetch(&self, path: &str) -> Result<Option<String>, String> {
+    fn fetch(&self, path: &str) -> Result<Option<String>, MetadataError> {
         let url = format!("{}{path}", self.base);
-        let mut last = String::new();
-        for attempt in 1..=TRIES {
-            if attempt > 1 {
-                std::thread::sleep(PAUSE);
-            }
-            match self
+        let mut attempt = 1;
+        loop {
+            let failure = match self
                 .agent
                 .get(&url)
                 .header("Authorization", "Bearer Oracle")
@@ -75,44 +73,82 @@ impl Imds {
             {
                 Ok(mut response) => match response.status().as_u16() {
                     200 => {
-                        return response
-                            .body_mut()
-                            .read_to_string()
-                            .map(Some)
-                            .map_err(|e| format!("GET {url}: {e}"))
+                        return response.body_mut().read_to_string().map(Some).map_err(|e| {
+                            MetadataError::Body {
+                                url,
+                                error: Arc::new(e),
+                            }
+                        })
                     }
                     404 => return Ok(None),
-                    status => last = format!("GET {url}: HTTP {status}"),
+                    status => Failure::Status(status),
                 },
-                Err(e) => last = format!("GET {url}: {e}"),
+                Err(e) => Failure::Request(e),
+            };
+            if attempt >= TRIES {
+                return Err(match failure {
+                    Failure::Status(status) => MetadataError::Status {
+                        url,
+                        status,
+                        tries: TRIES,
+                    },
+                    Failure::Request(e) => MetadataError::Unreachable {
+                        url,
+                        error: Arc::new(e),
+                        tries: TRIES,
+                    },
+                });
             }
+            attempt += 1;
+            std::thread::sleep(PAUSE);
         }
-        Err(format!("{last} (after {TRIES} tries)"))
     }
+}
+
+/// How the last try went wrong.
+enum Failure {
+    Status(u16),
+    Request(ureq::Error),
 }
 
 impl Metadata for Imds {
-    fn get(&self, key: &str) -> Result<Option<String>, String> {
+    fn get(&self, key: &str) -> Result<Option<String>, MetadataError> {
         self.fetch(&format!("{METADATA_PATH}/{key}"))
     }
 
-    fn private_ip(&self) -> Result<Option<IpAddr>, String> {
+    fn private_ip(&self) -> Result<Option<IpAddr>, MetadataError> {
         match self.fetch(VNICS_PATH)? {
             None => Ok(None),
-            Some(json) => primary_private_ip(&json).map(Some),
+            Some(json) => Ok(Some(primary_private_ip(&json)?)),
         }
     }
 }
 
+/// Why the service's VNICs answer names no private address ([`primary_private_ip`]).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum VnicsError {
+    #[error("{VNICS_PATH} is not JSON: {0}")]
+    NotJson(Arc<serde_json::Error>),
+    #[error("{VNICS_PATH} names no privateIp")]
+    NoPrivateIp,
+    #[error("{VNICS_PATH}: privateIp `{text}`: {error}")]
+    BadPrivateIp {
+        text: String,
+        error: std::net::AddrParseError,
+    },
+}
+
 /// The first VNIC's `privateIp` in the service's answer (`[{"privateIp": "10.0.0.2", ...}]`).
-pub fn primary_private_ip(json: &str) -> Result<IpAddr, String> {
+pub fn primary_private_ip(json: &str) -> Result<IpAddr, VnicsError> {
     let vnics: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| format!("{VNICS_PATH} is not JSON: {e}"))?;
+        serde_json::from_str(json).map_err(|e| VnicsError::NotJson(Arc::new(e)))?;
     let ip = vnics
         .get(0)
         .and_then(|v| v.get("privateIp"))
         .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| format!("{VNICS_PATH} names no privateIp"))?;
-    ip.parse()
-        .map_err(|e| format!("{VNICS_PATH}: privateIp `{ip}`: {e}"))
+        .ok_or(VnicsError::NoPrivateIp)?;
+    ip.parse().map_err(|error| VnicsError::BadPrivateIp {
+        text: ip.to_owned(),
+        error,
+    })
 }

@@ -9,6 +9,7 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use rustls::pki_types::pem::PemObject;
@@ -18,7 +19,7 @@ use crate::paths;
 use crate::profile::{ApiKeys, Profile, Tls};
 use crate::tls::{self, Fingerprint};
 
-pub use imds::{primary_private_ip, Imds, VNICS_PATH};
+pub use imds::{primary_private_ip, Imds, VnicsError, VNICS_PATH};
 
 /// The user-defined metadata keys the box reads (OCI: "Custom metadata" at launch).
 pub const METADATA_API_KEYS: &str = "llm_api_keys";
@@ -41,13 +42,104 @@ const KEY_MAX_CHARS: usize = 512;
 pub const GENERATED_KEYS_HEADER: &str = "# generated on this box by `appliance secrets`";
 pub const METADATA_KEYS_HEADER: &str = "# from the instance metadata's `llm_api_keys`";
 
+// The errors below put their cause's text in their own message, as the journal prints it, and
+// keep the cause in a field to match on rather than in `source()`: a printer that walks the
+// chain (anyhow's `{:#}`) would otherwise say it twice.
+
+/// Why the instance metadata could not be asked. `Clone` because once the service proved
+/// unreachable the later asks get the same error without asking (see `Remembering`); the causes
+/// that are not `Clone` (ureq's, serde_json's) are shared behind an `Arc`, as they are only read.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum MetadataError {
+    /// Every try failed to get an answer (connection refused, timed out, ...): the last one's.
+    #[error("GET {url}: {error} (after {tries} tries)")]
+    Unreachable {
+        url: String,
+        error: Arc<ureq::Error>,
+        tries: u32,
+    },
+    /// Every try was answered with a status other than 200 or 404: the last one.
+    #[error("GET {url}: HTTP {status} (after {tries} tries)")]
+    Status {
+        url: String,
+        status: u16,
+        tries: u32,
+    },
+    /// The answer's body could not be read.
+    #[error("GET {url}: {error}")]
+    Body {
+        url: String,
+        error: Arc<ureq::Error>,
+    },
+    /// The service's VNICs answer names no private address.
+    #[error(transparent)]
+    Vnics(#[from] VnicsError),
+}
+
+/// Why a key list ([`parse_keys`]) gives no keys.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyListError {
+    /// Line `line` (from 1) is too short, too long, or has spaces or control characters.
+    #[error(
+        "line {line} of the metadata's `{METADATA_API_KEYS}` is not a key: give one key a line, \
+         {KEY_MIN_CHARS} to {KEY_MAX_CHARS} visible ASCII characters without spaces (e.g. \
+         `openssl rand -hex 32`)"
+    )]
+    NotAKey { line: usize },
+    #[error(
+        "the metadata's `{METADATA_API_KEYS}` holds no key: give one key a line, or remove it to \
+         have the box generate one"
+    )]
+    NoKey,
+}
+
+/// Why [`provision`] could not provision the secrets: the server must not start without them.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    /// The metadata's `llm_api_keys` is given but holds no usable key.
+    #[error(transparent)]
+    Keys(#[from] KeyListError),
+    #[error("the metadata's `{METADATA_TLS_CERT}` is not a certificate: {0}; give the PEM file")]
+    MetadataCert(tls::CertError),
+    #[error(
+        "the metadata's `{METADATA_TLS_KEY}` is not a private key ({0}): give the PEM file of \
+         the certificate's key"
+    )]
+    MetadataKey(rustls::pki_types::pem::Error),
+    #[error(
+        "the metadata gives only one of `{METADATA_TLS_CERT}` and `{METADATA_TLS_KEY}`: give \
+         both (PEM), or neither for a self-signed certificate"
+    )]
+    HalfCertificate,
+    /// The certificate file this run wrote or kept holds no certificate.
+    #[error("{}: {error}", path.display())]
+    Certificate {
+        path: PathBuf,
+        error: tls::CertError,
+    },
+    #[error(transparent)]
+    SelfSigned(#[from] tls::SelfSignedError),
+    #[error("getrandom failed: {0}")]
+    Random(getrandom::Error),
+    #[error("cannot read {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot write {}: {error}", path.display())]
+    Write {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
 /// Where the instance metadata is read from. `Err` only when the service could not be asked
 /// (unreachable, or answering errors): a service that answers "not given" is `Ok(None)`.
 pub trait Metadata {
     /// The user-defined metadata `key`; `Ok(None)` when the launch did not give it.
-    fn get(&self, key: &str) -> Result<Option<String>, String>;
+    fn get(&self, key: &str) -> Result<Option<String>, MetadataError>;
     /// The instance's private address (its primary VNIC's); `Ok(None)` when not known.
-    fn private_ip(&self) -> Result<Option<IpAddr>, String>;
+    fn private_ip(&self) -> Result<Option<IpAddr>, MetadataError>;
 }
 
 /// Where one secret came from on this run.
@@ -98,7 +190,7 @@ pub fn provision(
     profile: &Profile,
     files: &Files,
     metadata: &dyn Metadata,
-) -> Result<Provisioned, String> {
+) -> Result<Provisioned, ProvisionError> {
     provision_at(profile, files, metadata, SystemTime::now())
 }
 
@@ -108,7 +200,7 @@ pub fn provision_at(
     files: &Files,
     metadata: &dyn Metadata,
     now: SystemTime,
-) -> Result<Provisioned, String> {
+) -> Result<Provisioned, ProvisionError> {
     let mut log = Vec::new();
     let metadata = Remembering {
         inner: metadata,
@@ -121,8 +213,10 @@ pub fn provision_at(
     } else {
         let pem = read(&files.tls_cert)?;
         Some(
-            Fingerprint::of_pem(pem.as_bytes())
-                .map_err(|e| format!("{}: {e}", files.tls_cert.display()))?,
+            Fingerprint::of_pem(pem.as_bytes()).map_err(|error| ProvisionError::Certificate {
+                path: files.tls_cert.clone(),
+                error,
+            })?,
         )
     };
     if let Some(f) = fingerprint {
@@ -140,11 +234,14 @@ pub fn provision_at(
 /// wait through all its retries before the server may start.
 struct Remembering<'a> {
     inner: &'a dyn Metadata,
-    down: std::cell::RefCell<Option<String>>,
+    down: std::cell::RefCell<Option<MetadataError>>,
 }
 
 impl Remembering<'_> {
-    fn remember<T>(&self, ask: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    fn remember<T>(
+        &self,
+        ask: impl FnOnce() -> Result<T, MetadataError>,
+    ) -> Result<T, MetadataError> {
         if let Some(e) = self.down.borrow().as_ref() {
             return Err(e.clone());
         }
@@ -157,11 +254,11 @@ impl Remembering<'_> {
 }
 
 impl Metadata for Remembering<'_> {
-    fn get(&self, key: &str) -> Result<Option<String>, String> {
+    fn get(&self, key: &str) -> Result<Option<String>, MetadataError> {
         self.remember(|| self.inner.get(key))
     }
 
-    fn private_ip(&self) -> Result<Option<IpAddr>, String> {
+    fn private_ip(&self) -> Result<Option<IpAddr>, MetadataError> {
         self.remember(|| self.inner.private_ip())
     }
 }
@@ -217,7 +314,7 @@ fn api_keys(
     files: &Files,
     metadata: &dyn Metadata,
     log: &mut Vec<String>,
-) -> Result<Source, String> {
+) -> Result<Source, ProvisionError> {
     if mode == ApiKeys::None {
         log.push(
             "WARNING: server.api_keys = \"none\": the API serves anyone the firewall admits".into(),
@@ -296,9 +393,9 @@ fn api_keys(
 }
 
 /// Writes a fresh 256-bit key (hex) to the key file, marked as made here; returns it.
-fn generate_key(files: &Files) -> Result<String, String> {
+fn generate_key(files: &Files) -> Result<String, ProvisionError> {
     let mut bytes = [0u8; KEY_BYTES];
-    getrandom::fill(&mut bytes).map_err(|e| format!("getrandom failed: {e}"))?;
+    getrandom::fill(&mut bytes).map_err(ProvisionError::Random)?;
     let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     write_private(
         &files.api_keys,
@@ -309,7 +406,7 @@ fn generate_key(files: &Files) -> Result<String, String> {
 
 /// The keys of a key list as the server reads it: one a line, blank lines and `#` comments
 /// skipped. Each must be 16 to 512 visible ASCII characters.
-pub fn parse_keys(text: &str) -> Result<Vec<String>, String> {
+pub fn parse_keys(text: &str) -> Result<Vec<String>, KeyListError> {
     let mut keys = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -318,20 +415,12 @@ pub fn parse_keys(text: &str) -> Result<Vec<String>, String> {
         }
         let printable = line.bytes().all(|b| b.is_ascii_graphic());
         if !printable || !(KEY_MIN_CHARS..=KEY_MAX_CHARS).contains(&line.len()) {
-            return Err(format!(
-                "line {} of the metadata's `{METADATA_API_KEYS}` is not a key: give one key a \
-                 line, {KEY_MIN_CHARS} to {KEY_MAX_CHARS} visible ASCII characters without \
-                 spaces (e.g. `openssl rand -hex 32`)",
-                n + 1
-            ));
+            return Err(KeyListError::NotAKey { line: n + 1 });
         }
         keys.push(line.to_owned());
     }
     if keys.is_empty() {
-        return Err(format!(
-            "the metadata's `{METADATA_API_KEYS}` holds no key: give one key a line, or remove \
-             it to have the box generate one"
-        ));
+        return Err(KeyListError::NoKey);
     }
     Ok(keys)
 }
@@ -342,7 +431,7 @@ fn certificate(
     metadata: &dyn Metadata,
     now: SystemTime,
     log: &mut Vec<String>,
-) -> Result<Source, String> {
+) -> Result<Source, ProvisionError> {
     let mode = profile.server.tls;
     if mode == Tls::None {
         log.push("WARNING: server.tls = \"none\": the API is plain HTTP".into());
@@ -356,12 +445,9 @@ fn certificate(
         let key = ask(metadata, METADATA_TLS_KEY, log);
         match (cert, key) {
             (Answer::Given(cert), Answer::Given(key)) => {
-                Fingerprint::of_pem(cert.as_bytes()).map_err(|e| {
-                    format!("the metadata's `{METADATA_TLS_CERT}` is not a certificate: {e}; give the PEM file")
-                })?;
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| {
-                    format!("the metadata's `{METADATA_TLS_KEY}` is not a private key ({e}): give the PEM file of the certificate's key")
-                })?;
+                Fingerprint::of_pem(cert.as_bytes()).map_err(ProvisionError::MetadataCert)?;
+                PrivateKeyDer::from_pem_slice(key.as_bytes())
+                    .map_err(ProvisionError::MetadataKey)?;
                 write_private(&files.tls_cert, &cert)?;
                 write_private(&files.tls_key, &key)?;
                 log.push(format!(
@@ -372,13 +458,7 @@ fn certificate(
             }
             (Answer::Absent, Answer::Absent) => metadata_gives_none = true,
             (Answer::Unreachable, _) | (_, Answer::Unreachable) => {}
-            _ => {
-                return Err(format!(
-                    "the metadata gives only one of `{METADATA_TLS_CERT}` and \
-                     `{METADATA_TLS_KEY}`: give both (PEM), or neither for a self-signed \
-                     certificate"
-                ))
-            }
+            _ => return Err(ProvisionError::HalfCertificate),
         }
     }
     let path = files.tls_cert.display();
@@ -443,14 +523,20 @@ fn certificate(
     })
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+fn read(path: &Path) -> Result<String, ProvisionError> {
+    std::fs::read_to_string(path).map_err(|error| ProvisionError::Read {
+        path: path.to_owned(),
+        error,
+    })
 }
 
 /// Writes `text` to `path` readable by its owner only: into a fresh file beside it, then renamed
 /// over it, so a crash never leaves half a key and the secret is never world-readable.
-fn write_private(path: &Path, text: &str) -> Result<(), String> {
-    let err = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+fn write_private(path: &Path, text: &str) -> Result<(), ProvisionError> {
+    let err = |error: std::io::Error| ProvisionError::Write {
+        path: path.to_owned(),
+        error,
+    };
     let dir = path.parent().expect("a secret's path has a directory");
     std::fs::create_dir_all(dir).map_err(err)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
@@ -497,7 +583,7 @@ pub fn banner(profile: &Profile, files: &Files) -> String {
     if profile.server.tls.enabled() {
         match std::fs::read(&files.tls_cert)
             .map_err(|e| e.to_string())
-            .and_then(|pem| Fingerprint::of_pem(&pem))
+            .and_then(|pem| Fingerprint::of_pem(&pem).map_err(|e| e.to_string()))
         {
             Ok(f) => out.push_str(&format!("  TLS certificate SHA-256 fingerprint: {f}\n")),
             Err(e) => out.push_str(&format!(

@@ -9,17 +9,17 @@ use std::sync::Arc;
 use appliance::doctor::{self, Host, Status};
 use appliance::profile::{Port, Profile};
 use appliance::render;
-use appliance::secrets::{self, Files, Metadata};
+use appliance::secrets::{self, Files, Metadata, MetadataError};
 
 /// A launch that gave no metadata: the box makes its own key and certificate.
 struct NoMetadata;
 
 impl Metadata for NoMetadata {
-    fn get(&self, _key: &str) -> Result<Option<String>, String> {
+    fn get(&self, _key: &str) -> Result<Option<String>, MetadataError> {
         Ok(None)
     }
 
-    fn private_ip(&self) -> Result<Option<std::net::IpAddr>, String> {
+    fn private_ip(&self) -> Result<Option<std::net::IpAddr>, MetadataError> {
         Ok(None)
     }
 }
@@ -403,8 +403,22 @@ fn the_doctor_prints_the_key_and_the_fingerprint_and_fails_without_them() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&files.api_keys, std::fs::Permissions::from_mode(0o644)).unwrap();
     assert_eq!(fake.status("api-keys"), Status::Fail);
+    let report = doctor::examine(&fake.profile, &Host::new(fake.path()));
+    let detail = &report.check("api-keys").unwrap().detail;
+    assert!(
+        detail.ends_with("has mode 644: others may read it"),
+        "{detail}"
+    );
+    std::fs::write(&files.tls_cert, "not a certificate").unwrap();
+    assert_eq!(fake.status("tls"), Status::Fail);
+    let report = doctor::examine(&fake.profile, &Host::new(fake.path()));
+    let detail = &report.check("tls").unwrap().detail;
+    assert_eq!(detail, "no `BEGIN CERTIFICATE` block");
     std::fs::remove_file(&files.tls_cert).unwrap();
     assert_eq!(fake.status("tls"), Status::Fail);
+    let report = doctor::examine(&fake.profile, &Host::new(fake.path()));
+    let detail = &report.check("tls").unwrap().detail;
+    assert!(detail.starts_with("cannot read "), "{detail}");
 }
 
 #[test]

@@ -8,11 +8,14 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use appliance::profile::{ApiKeys, Profile, Tls};
-use appliance::secrets::{self, Files, Metadata, Source};
-use appliance::tls::{self, Fingerprint};
+use appliance::secrets::{
+    self, Files, KeyListError, Metadata, MetadataError, ProvisionError, Source, VnicsError,
+};
+use appliance::tls::{self, CertError, Fingerprint};
 
 /// Metadata keys and their values; `Err` for every key when `down`.
 #[derive(Default)]
@@ -23,19 +26,30 @@ struct FakeMetadata {
     asked: std::cell::Cell<u32>,
 }
 
+/// What the real client says when nothing listens at the service's address.
+fn refused() -> MetadataError {
+    MetadataError::Unreachable {
+        url: "http://169.254.169.254/opc/v2/instance/metadata".into(),
+        error: Arc::new(ureq::Error::Io(
+            std::io::ErrorKind::ConnectionRefused.into(),
+        )),
+        tries: 6,
+    }
+}
+
 impl Metadata for FakeMetadata {
-    fn get(&self, key: &str) -> Result<Option<String>, String> {
+    fn get(&self, key: &str) -> Result<Option<String>, MetadataError> {
         self.asked.set(self.asked.get() + 1);
         if self.down {
-            return Err("connection refused".into());
+            return Err(refused());
         }
         Ok(self.values.get(key).cloned())
     }
 
-    fn private_ip(&self) -> Result<Option<IpAddr>, String> {
+    fn private_ip(&self) -> Result<Option<IpAddr>, MetadataError> {
         self.asked.set(self.asked.get() + 1);
         if self.down {
-            return Err("connection refused".into());
+            return Err(refused());
         }
         Ok(self.private_ip)
     }
@@ -195,13 +209,13 @@ fn an_unreachable_metadata_service_still_leaves_the_box_with_secrets() {
     };
     let got = secrets::provision(&e2_micro(), &files, &metadata).unwrap();
     assert_eq!((got.keys, got.tls), (Source::Generated, Source::Generated));
-    assert!(
-        got.log.iter().any(|l| l.contains("connection refused")),
-        "{:?}",
-        got.log
-    );
-    // Asked once: the other keys do not wait through the retries again.
+    // Asked once: the other keys do not wait through the retries again, and each warning names
+    // the first ask's cause (the keys, the certificate and its key, the private address).
     assert_eq!(metadata.asked.get(), 1);
+    let cause = refused().to_string();
+    assert!(cause.contains("connection refused"), "{cause}");
+    let warned = got.log.iter().filter(|l| l.contains(&cause)).count();
+    assert_eq!(warned, 4, "{:?}", got.log);
 }
 
 #[test]
@@ -215,18 +229,32 @@ fn bad_metadata_is_refused_naming_the_fix() {
     };
     let e = refuse(secrets::METADATA_API_KEYS, "short\n");
     assert!(
-        e.contains("line 1 of the metadata's `llm_api_keys` is not a key"),
+        matches!(e, ProvisionError::Keys(KeyListError::NotAKey { line: 1 })),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("line 1 of the metadata's `llm_api_keys` is not a key"),
         "{e}"
     );
     let e = refuse(
         secrets::METADATA_API_KEYS,
         &format!("{KEY_A}\nhas a space in it 0123456789\n"),
     );
-    assert!(e.contains("line 2"), "{e}");
+    assert!(
+        matches!(e, ProvisionError::Keys(KeyListError::NotAKey { line: 2 })),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("line 2"), "{e}");
     let e = refuse(secrets::METADATA_API_KEYS, "# only a comment\n");
-    assert!(e.contains("holds no key"), "{e}");
+    assert!(
+        matches!(e, ProvisionError::Keys(KeyListError::NoKey)),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("holds no key"), "{e}");
     let e = refuse(secrets::METADATA_TLS_CERT, "-----BEGIN CERTIFICATE-----\n");
-    assert!(e.contains("give both (PEM), or neither"), "{e}");
+    assert!(matches!(e, ProvisionError::HalfCertificate), "{e:?}");
+    assert!(e.to_string().contains("give both (PEM), or neither"), "{e}");
     let dir = tempfile::tempdir().unwrap();
     let mut metadata = FakeMetadata::default();
     metadata
@@ -236,7 +264,26 @@ fn bad_metadata_is_refused_naming_the_fix() {
         .values
         .insert(secrets::METADATA_TLS_KEY, "not a key".into());
     let e = secrets::provision(&p, &Files::under(dir.path()), &metadata).unwrap_err();
-    assert!(e.contains("`llm_tls_cert` is not a certificate"), "{e}");
+    assert!(
+        matches!(e, ProvisionError::MetadataCert(CertError::NoCertificate)),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("`llm_tls_cert` is not a certificate"),
+        "{e}"
+    );
+    // A good certificate with a key that is not one.
+    let given = ca_like_certificate();
+    metadata
+        .values
+        .insert(secrets::METADATA_TLS_CERT, given.cert_pem);
+    let e = secrets::provision(&p, &Files::under(dir.path()), &metadata).unwrap_err();
+    assert!(matches!(e, ProvisionError::MetadataKey(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("`llm_tls_key` is not a private key"),
+        "{e}"
+    );
 }
 
 /// The real IMDS client against a loopback stand-in: the header IMDS v2 requires, 200 and 404.
@@ -502,8 +549,15 @@ fn the_private_ip_is_the_first_vnics() {
         secrets::primary_private_ip(json).unwrap(),
         "10.0.0.23".parse::<IpAddr>().unwrap()
     );
-    assert!(secrets::primary_private_ip("[]")
-        .unwrap_err()
-        .contains("names no privateIp"));
-    assert!(secrets::primary_private_ip(r#"[{"privateIp": "ten"}]"#).is_err());
+    let e = secrets::primary_private_ip("[]").unwrap_err();
+    assert!(matches!(e, VnicsError::NoPrivateIp), "{e:?}");
+    assert!(e.to_string().contains("names no privateIp"), "{e}");
+    let e = secrets::primary_private_ip(r#"[{"privateIp": "ten"}]"#).unwrap_err();
+    assert!(
+        matches!(&e, VnicsError::BadPrivateIp { text, .. } if text == "ten"),
+        "{e:?}"
+    );
+    let e = secrets::primary_private_ip("<html>").unwrap_err();
+    assert!(matches!(e, VnicsError::NotJson(_)), "{e:?}");
+    assert!(e.to_string().contains("is not JSON"), "{e}");
 }
