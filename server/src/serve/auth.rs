@@ -34,10 +34,10 @@ impl std::fmt::Debug for ApiKeys {
 /// Why `--api-key-file` gives no keys.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
-    #[error("cannot read the API key file {}: {source}", path.display())]
+    #[error("cannot read the API key file {}: {error}", path.display())]
     Read {
         path: std::path::PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("the API key file {} holds no key: write one key per line", path.display())]
     Empty { path: std::path::PathBuf },
@@ -50,9 +50,9 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 impl ApiKeys {
     /// One key per line; blank lines and `#` comments are skipped.
     pub fn from_file(path: &Path) -> Result<ApiKeys, KeyFileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| KeyFileError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| KeyFileError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         let keys: Vec<[u8; 32]> = text
             .lines()

@@ -23,17 +23,17 @@ This port speaks HTTPS only: send the request again to https:// (not http://)\n"
 /// Why `--tls-cert`/`--tls-key` give no acceptor.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsFileError {
-    #[error("cannot read the TLS certificate {}: {source}", path.display())]
+    #[error("cannot read the TLS certificate {}: {error}", path.display())]
     Certificate {
         path: PathBuf,
-        source: rustls_pki_types::pem::Error,
+        error: rustls_pki_types::pem::Error,
     },
     #[error("the TLS certificate file {} holds no PEM CERTIFICATE block", path.display())]
     NoCertificate { path: PathBuf },
-    #[error("cannot read the TLS private key {}: {source} (PEM PRIVATE KEY expected)", path.display())]
+    #[error("cannot read the TLS private key {}: {error} (PEM PRIVATE KEY expected)", path.display())]
     Key {
         path: PathBuf,
-        source: rustls_pki_types::pem::Error,
+        error: rustls_pki_types::pem::Error,
     },
     #[error("the TLS certificate and key do not go together: {0}")]
     Mismatch(rustls::Error),
@@ -43,18 +43,18 @@ pub enum TlsFileError {
 pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsFileError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<_, _>>())
-        .map_err(|source| TlsFileError::Certificate {
+        .map_err(|error| TlsFileError::Certificate {
             path: cert.to_owned(),
-            source,
+            error,
         })?;
     if certs.is_empty() {
         return Err(TlsFileError::NoCertificate {
             path: cert.to_owned(),
         });
     }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsFileError::Key {
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|error| TlsFileError::Key {
         path: key.to_owned(),
-        source,
+        error,
     })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ServerConfig::builder_with_provider(provider)
