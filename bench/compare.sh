@@ -56,22 +56,14 @@ done
   "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- server || echo +dirty)" \
   "${KERNELS:-}" "$PAIRS" "${ARGS[@]}" <<'PY'
 import json, sys
+sys.path.insert(0, "bench")
+from cpu_identity import cpu_identity
 path, started, finished, commit, kernels, pairs, *args = sys.argv[1:]
-cpu = {}
-for line in open("/proc/cpuinfo"):
-    key, _, value = line.partition(":")
-    key = key.strip()
-    if key in ("vendor_id", "cpu family", "model", "model name") and key not in cpu:
-        cpu[key] = value.strip()
-    if not line.strip():
-        break
 command = " ".join(["bench/compare.sh", pairs, *args])
 if kernels:
     command = f"KERNELS={kernels} {command}"
 json.dump({"command": command, "pairs": int(pairs), "started": started, "finished": finished,
-           "commit": commit, "vendor": cpu.get("vendor_id", ""),
-           "family": int(cpu.get("cpu family", "0")), "model": int(cpu.get("model", "0")),
-           "cpu": cpu.get("model name", "unknown CPU")}, open(path, "w"), indent=1)
+           "commit": commit, **cpu_identity()}, open(path, "w"), indent=1)
 PY
 "$PEER" - "$out" "$PAIRS" <<'PY'
 import json, statistics, sys

@@ -65,8 +65,8 @@ def cpu_class(vendor, family, model):
 KERNELS = {"avx2": "x86-64-v3 (AVX2) kernels", "vnni": "AVX512-VNNI kernels"}
 
 
-def load(directory):
-    """One compare.sh run: its run.json, the probe, and the pairs' JSON documents."""
+def reader(directory, script):
+    """read(name): the JSON document `name` of a run that `script` wrote into `directory`."""
 
     def read(name):
         path = os.path.join(directory, name)
@@ -74,8 +74,14 @@ def load(directory):
             with open(path) as f:
                 return json.load(f)
         except FileNotFoundError:
-            sys.exit(f"{path} is missing: run bench/compare.sh with OUT={directory}")
+            sys.exit(f"{path} is missing: run bench/{script} with OUT={directory}")
 
+    return read
+
+
+def load(directory):
+    """One compare.sh run: its run.json, the probe, and the pairs' JSON documents."""
+    read = reader(directory, "compare.sh")
     run = read("run.json")
     pairs = [(read(f"ours.{i}.json"), read(f"peer.{i}.json")) for i in range(1, run["pairs"] + 1)]
     return {"run": run, "probe": read("probe.json"), "pairs": pairs}
@@ -218,15 +224,7 @@ def write(labelled, page_path):
 
 def load_quota(directory):
     """One quota.sh run: its run.json and, per pair, both engines at forced and default threads."""
-
-    def read(name):
-        path = os.path.join(directory, name)
-        try:
-            with open(path) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            sys.exit(f"{path} is missing: run bench/quota.sh with OUT={directory}")
-
+    read = reader(directory, "quota.sh")
     run = read("run.json")
     runs = {mode: [(read(f"ours.{mode}.{i}.json"), read(f"peer.{mode}.{i}.json"))
                    for i in range(1, run["pairs"] + 1)] for mode in ("forced", "default")}

@@ -63,21 +63,13 @@ echo $$ >"$parent/cgroup.procs"
   "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- server || echo +dirty)" \
   "$KERNELS" "$PAIRS" "$quota" "$period" "$file" "$FORCED" "${ARGS[@]}" <<'PY'
 import json, sys
+sys.path.insert(0, "bench")
+from cpu_identity import cpu_identity
 path, started, finished, commit, kernels, pairs, quota, period, file, forced, *args = sys.argv[1:]
-cpu = {}
-for line in open("/proc/cpuinfo"):
-    key, _, value = line.partition(":")
-    key = key.strip()
-    if key in ("vendor_id", "cpu family", "model", "model name") and key not in cpu:
-        cpu[key] = value.strip()
-    if not line.strip():
-        break
 command = f'QUOTA="{quota} {period}" FORCED={forced} KERNELS={kernels} bench/quota.sh {pairs} {" ".join(args)}'
 json.dump({"command": command, "pairs": int(pairs), "started": started, "finished": finished,
            "commit": commit, "kernels": kernels, "quota": int(quota), "period": int(period),
-           "cgroup_file": file, "forced_threads": int(forced),
-           "vendor": cpu.get("vendor_id", ""), "family": int(cpu.get("cpu family", "0")),
-           "model": int(cpu.get("model", "0")), "cpu": cpu.get("model name", "unknown CPU")},
+           "cgroup_file": file, "forced_threads": int(forced), **cpu_identity()},
           open(path, "w"), indent=1)
 PY
 echo "raw results in $OUT; write the page with bench/performance_page.py --quota $OUT"
