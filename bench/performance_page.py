@@ -191,21 +191,26 @@ def section(results, labels):
     return key, "\n".join(lines) + "\n"
 
 
-def update(page, key, text):
-    """`page` with `key`'s section replaced by `text`, or `text` added before the end marker."""
-    start, end = start_marker(key), end_marker(key)
+def replace_section(page, start, end, text, before, what):
+    """`page` with the section between the markers `start` and `end` replaced by `text`, or
+    `text` added before the line `before` when the page has no such section."""
     if start in page:
         if page.count(start) != 1 or page.count(end) != 1 or page.index(end) < page.index(start):
-            sys.exit(f"the page's section {key} is not one well-formed pair of markers: fix it by hand")
+            sys.exit(f"the page's {what} is not one well-formed pair of markers: fix it by hand")
         a = page.index(start)
         b = page.index(end) + len(end)
         if page[b:b + 1] == "\n":
             b += 1
         return page[:a] + text + page[b:]
-    if END not in page:
-        sys.exit(f"the page has no {END} line: put it after the last table section")
-    a = page.index(END)
+    if before not in page:
+        sys.exit(f"the page has no {before!r} line to put the {what} before")
+    a = page.index(before)
     return page[:a] + text + "\n" + page[a:]
+
+
+def update(page, key, text):
+    """`page` with `key`'s section replaced by `text`, or `text` added before the end marker."""
+    return replace_section(page, start_marker(key), end_marker(key), text, END, f"section {key}")
 
 
 def write(labelled, page_path):
@@ -279,19 +284,7 @@ def quota_section(q):
 
 def update_quota(page, text):
     """`page` with the quota section replaced by `text`, or added before QUOTA_BEFORE."""
-    if QUOTA_START in page:
-        if page.count(QUOTA_START) != 1 or page.count(QUOTA_END) != 1 \
-                or page.index(QUOTA_END) < page.index(QUOTA_START):
-            sys.exit("the page's quota section is not one well-formed pair of markers: fix it by hand")
-        a = page.index(QUOTA_START)
-        b = page.index(QUOTA_END) + len(QUOTA_END)
-        if page[b:b + 1] == "\n":
-            b += 1
-        return page[:a] + text + page[b:]
-    if QUOTA_BEFORE not in page:
-        sys.exit(f"the page has no {QUOTA_BEFORE!r} heading to put the quota section before")
-    a = page.index(QUOTA_BEFORE)
-    return page[:a] + text + "\n" + page[a:]
+    return replace_section(page, QUOTA_START, QUOTA_END, text, QUOTA_BEFORE, "quota section")
 
 
 def write_quota(directory, page_path):
