@@ -25,6 +25,8 @@
   (toString parallel)
   "--slot-save-path"
   "/var/lib/llm-server/slots"
+  "--wait-for-memory"
+  "120"
   "--rate-limit-key"
   (toString limits.rate_per_key_per_min)
   "--rate-limit-ip"

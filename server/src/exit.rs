@@ -19,6 +19,10 @@ pub enum Status {
     CpuUnsupported = 3,
     /// The decode thread panicked: a fault of ours that a restart clears (sysexits' EX_SOFTWARE).
     EnginePanic = 70,
+    /// The memory plan fits every ceiling but not what the host has free now (`serve`, after
+    /// `--wait-for-memory`): other processes hold the memory, and a restart once they free it
+    /// succeeds (sysexits' EX_TEMPFAIL).
+    MemoryShort = 75,
 }
 
 impl Status {
@@ -67,6 +71,7 @@ mod tests {
     fn no_status_that_systemd_restarts_is_one_it_does_not() {
         assert!(!Status::NO_RESTART.contains(&Status::Success));
         assert!(!Status::NO_RESTART.contains(&Status::EnginePanic));
+        assert!(!Status::NO_RESTART.contains(&Status::MemoryShort));
         assert_eq!(Status::CpuUnsupported.code(), 3);
     }
 }

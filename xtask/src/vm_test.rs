@@ -32,6 +32,9 @@ pub struct VmTest {
     /// Run the remaining checks after a failure instead of stopping at the first.
     #[arg(long)]
     keep_going: bool,
+    /// Run only these checks (comma-separated), after the boots they need.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// Build the image even when one exists, so the suite tests the current sources.
     #[arg(long, conflicts_with = "image")]
     rebuild: bool,
@@ -95,9 +98,10 @@ impl VmTest {
         crate::setup::ensure_debian(sh, &[Need::VmSuite])?;
         let keep_going = self.keep_going.then_some("--keep-going");
         let synthetic = synthetic.then_some("--synthetic-model");
+        let only = (!self.only.is_empty()).then(|| format!("--only={}", self.only.join(",")));
         cmd!(
             sh,
-            "cargo run --quiet -p vm-tests -- run --image {image} --profile {profile_path} {keep_going...} {synthetic...}"
+            "cargo run --quiet -p vm-tests -- run --image {image} --profile {profile_path} {keep_going...} {synthetic...} {only...}"
         )
         .run()
         .context("the VM test failed (its output above names the check and shows the guest console)")

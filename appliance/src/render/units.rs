@@ -47,6 +47,11 @@ pub const SERVER_HOST: &str = "::";
 /// unit's `StateDirectory=`.
 pub const SLOT_SAVE_PATH: &str = "/var/lib/llm-server/slots";
 
+/// Seconds the server waits at start for memory that other processes hold (`--wait-for-memory`)
+/// before it exits with a status the unit restarts: a restart while a hog runs must not leave
+/// the box without its server, and one wait per two minutes keeps the journal short.
+pub const MEMORY_WAIT_SEC: u32 = 120;
+
 /// The arguments of `llm-server serve` (server/src/cli/serve.rs), one word each, as
 /// modules/serve-args.nix gives them to the NixOS module; the credentials' flags follow them
 /// ([`credential_args`]).
@@ -67,6 +72,8 @@ pub fn server_args(profile: &Profile) -> Vec<String> {
         s.parallel.to_string(),
         "--slot-save-path".to_owned(),
         SLOT_SAVE_PATH.to_owned(),
+        "--wait-for-memory".to_owned(),
+        MEMORY_WAIT_SEC.to_string(),
     ];
     for (flag, value) in [
         ("--rate-limit-key", l.rate_per_key_per_min),

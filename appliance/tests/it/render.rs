@@ -98,7 +98,7 @@ fn server_unit() {
             "Type=notify",
             "NotifyAccess=main",
             "ExecStart=/usr/local/bin/llm-server serve --model /var/lib/llm/models/SmolLM2-135M-Instruct.Q4_1.gguf --host :: --port 8080 --ctx-size 4096 --parallel 2 \
-             --slot-save-path /var/lib/llm-server/slots --rate-limit-key 60 --rate-limit-ip 120 --rate-burst 10 --max-connections 64 \
+             --slot-save-path /var/lib/llm-server/slots --wait-for-memory 120 --rate-limit-key 60 --rate-limit-ip 120 --rate-burst 10 --max-connections 64 \
              --header-timeout 10 --body-timeout 30 --default-max-tokens 256 --engine-stall-timeout 300 \
              --max-connections-per-ip 8 --idle-timeout 30 --write-timeout 30 --max-connection-age 900 \
              --max-grammar-bytes 65536 --max-tokenize-bytes 262144 --grammar-timeout 10 --grammar-compiles 1 \

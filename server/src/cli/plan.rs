@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use llm_server::exit::{Refusal, Status};
 use llm_server::gguf::Gguf;
-use llm_server::limits::{HumanBytes, MemoryLimits};
+use llm_server::limits::{Fit, HumanBytes, MemoryLimits};
 use llm_server::model::Config;
 use llm_server::plan::MemoryPlan;
 
@@ -100,9 +100,16 @@ impl Checked {
     }
 
     pub fn fits(&self) -> bool {
-        self.limits
-            .tightest()
-            .is_none_or(|l| self.plan.total() <= l.bytes)
+        self.fit() == Fit::Now
+    }
+
+    pub fn fit(&self) -> Fit {
+        self.limits.fit(self.plan.total())
+    }
+
+    /// Reads the limits again (what the host has free changes), keeping the plan.
+    pub fn recheck(&mut self) {
+        self.limits = MemoryLimits::discover();
     }
 
     /// The table `plan` prints and `serve` prints when refusing.
@@ -148,14 +155,12 @@ impl Checked {
                 HumanBytes(limit.bytes).to_string()
             );
         }
-        if self.fits() {
-            let _ = writeln!(out, "verdict: fits");
-        } else {
-            let _ = writeln!(
-                out,
-                "verdict: does not fit; lower --ctx-size or --parallel, try --ctx-size auto, or raise the memory limit (MemoryMax= of the unit)"
-            );
-        }
+        let verdict = match self.fit() {
+            Fit::Now => "fits",
+            Fit::Later => "does not fit what the host has free now, only what other processes hold stands in the way; free memory, or lower --ctx-size or --parallel",
+            Fit::Never => "does not fit; lower --ctx-size or --parallel, try --ctx-size auto, or raise the memory limit (MemoryMax= of the unit)",
+        };
+        let _ = writeln!(out, "verdict: {verdict}");
         out
     }
 

@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 
 use super::plan::{Checked, Sizing};
 use super::CliResult;
+use llm_server::limits::{Fit, HumanBytes};
 
 #[derive(clap::Args)]
 pub struct Serve {
@@ -112,6 +113,11 @@ pub struct Serve {
     /// Start even when the memory plan does not fit the limits (only warn).
     #[arg(long)]
     ignore_memory_plan: bool,
+    /// Seconds to wait, when the memory plan fits every ceiling (cgroup limits, the host's RAM)
+    /// but not what the host has free now, for other processes to free it; then exit with
+    /// status 75 (EX_TEMPFAIL), which a systemd unit restarts, instead of 2.
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    wait_for_memory: u64,
     #[command(flatten)]
     input: InputArgs,
 }
@@ -126,10 +132,32 @@ impl Serve {
             Duration::from_secs(self.request_timeout),
         )?;
         let gguf = Gguf::open(&self.model)?;
-        let checked = Checked::new(&gguf, self.sizing)?;
+        let mut checked = Checked::new(&gguf, self.sizing)?;
+        let mut fit = checked.fit();
+        if fit == Fit::Later && !self.ignore_memory_plan {
+            fit = wait_for_memory(&mut checked, Duration::from_secs(self.wait_for_memory));
+        }
         let table = checked.table(&self.model.display().to_string());
-        if !checked.fits() {
-            if !self.ignore_memory_plan {
+        match fit {
+            Fit::Now => tracing::info!("\n{table}"),
+            _ if self.ignore_memory_plan => tracing::warn!(
+                "the memory plan does not fit; starting anyway (--ignore-memory-plan):\n{table}"
+            ),
+            Fit::Later => {
+                eprint!("{table}");
+                return Err(Refusal {
+                    status: Status::MemoryShort,
+                    message: format!(
+                        "refusing to start: the memory plan fits but the host does not have it \
+                         free (waited {} s, --wait-for-memory); status {} asks systemd to \
+                         restart the server later (--ignore-memory-plan starts anyway)",
+                        self.wait_for_memory,
+                        Status::MemoryShort.code()
+                    ),
+                }
+                .into());
+            }
+            Fit::Never => {
                 eprint!("{table}");
                 return Err(Refusal {
                     status: Status::DoesNotFit,
@@ -139,11 +167,6 @@ impl Serve {
                 }
                 .into());
             }
-            tracing::warn!(
-                "the memory plan does not fit; starting anyway (--ignore-memory-plan):\n{table}"
-            );
-        } else {
-            tracing::info!("\n{table}");
         }
         let api_keys = match &self.api_key_file {
             Some(path) => ApiKeys::from_file(path)?,
@@ -392,6 +415,43 @@ fn file_name(path: &Path) -> String {
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     )
+}
+
+/// Waits up to `wait` for the host to free the memory the plan needs beyond what it has free,
+/// re-reading the limits every second; how it ends. Under systemd the unit's status says what it
+/// waits for, and the start timeout and the watchdog are pushed on meanwhile.
+fn wait_for_memory(checked: &mut Checked, wait: Duration) -> Fit {
+    let start = std::time::Instant::now();
+    let need = HumanBytes(checked.plan.total());
+    let mut logged = None;
+    loop {
+        let fit = checked.fit();
+        if fit != Fit::Later {
+            if logged.is_some() {
+                tracing::info!("waited {:.0?} for memory", start.elapsed());
+            }
+            return fit;
+        }
+        if start.elapsed() >= wait {
+            return fit;
+        }
+        let free = checked.limits.limits.iter().find(|l| l.transient);
+        let free = HumanBytes(free.map_or(0, |l| l.bytes));
+        // Every 30 s, not every second: the journal of a box short of memory is small too.
+        if logged.is_none_or(|at: std::time::Instant| at.elapsed() >= Duration::from_secs(30)) {
+            tracing::warn!(
+                "waiting up to {} s for memory: the plan needs {need}, the host has {free} free",
+                wait.as_secs()
+            );
+            logged = Some(std::time::Instant::now());
+        }
+        notify_systemd(&format!(
+            "STATUS=waiting for memory: the plan needs {need}, {free} free\n\
+             EXTEND_TIMEOUT_USEC=30000000\nWATCHDOG=1"
+        ));
+        std::thread::sleep(Duration::from_secs(1));
+        checked.recheck();
+    }
 }
 
 fn notify_systemd(state: &str) {

@@ -100,6 +100,7 @@ impl Cgroup {
                 Some(Limit {
                     source: format!("cgroup {version} {file} ({})", dir.display()),
                     bytes,
+                    transient: false,
                 })
             })
             .collect()

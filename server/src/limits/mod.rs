@@ -20,6 +20,10 @@ pub struct Limit {
     /// What the number is, e.g. `cgroup v1 memory.limit_in_bytes (/sys/fs/cgroup/memory/x)`.
     pub source: String,
     pub bytes: u64,
+    /// What other processes hold now (the host's `MemAvailable`), not a ceiling: a plan over it
+    /// may fit once they free memory, so a server under systemd waits or exits to be restarted
+    /// instead of refusing for good.
+    pub transient: bool,
 }
 
 /// Every ceiling found; an empty list means nothing limits the process.
@@ -29,14 +33,19 @@ pub struct MemoryLimits {
 }
 
 impl MemoryLimits {
-    /// Reads the limits of this process's own cgroup and the host's `MemAvailable`.
+    /// Reads the limits of this process's own cgroup and the host's `MemTotal` and
+    /// `MemAvailable`.
     pub fn discover() -> MemoryLimits {
         let mut limits = Cgroup::own().map(|cg| cg.limits()).unwrap_or_default();
-        if let Some(bytes) = mem_available() {
-            limits.push(Limit {
-                source: "host MemAvailable (/proc/meminfo)".into(),
-                bytes,
-            });
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        for (field, transient) in [("MemTotal", false), ("MemAvailable", true)] {
+            if let Some(bytes) = parse_meminfo_field(&meminfo, field) {
+                limits.push(Limit {
+                    source: format!("host {field} (/proc/meminfo)"),
+                    bytes,
+                    transient,
+                });
+            }
         }
         MemoryLimits { limits }
     }
@@ -45,6 +54,28 @@ impl MemoryLimits {
     pub fn tightest(&self) -> Option<&Limit> {
         self.limits.iter().min_by_key(|l| l.bytes)
     }
+
+    /// Whether `bytes` fit under every limit, or only once other processes free memory.
+    pub fn fit(&self, bytes: u64) -> Fit {
+        let over = |l: &&Limit| bytes > l.bytes;
+        if !self.limits.iter().any(|l| over(&l)) {
+            Fit::Now
+        } else if self.limits.iter().filter(over).all(|l| l.transient) {
+            Fit::Later
+        } else {
+            Fit::Never
+        }
+    }
+}
+
+/// A plan against the limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    Now,
+    /// Over what the host has free now, under every ceiling.
+    Later,
+    /// Over a ceiling (a cgroup limit, the host's RAM).
+    Never,
 }
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes: the kernel's estimate of what can be
@@ -117,15 +148,50 @@ mod tests {
                 Limit {
                     source: "a".into(),
                     bytes: 3 << 30,
+                    transient: false,
                 },
                 Limit {
                     source: "b".into(),
                     bytes: 1 << 30,
+                    transient: false,
                 },
             ],
         };
         assert_eq!(limits.tightest().unwrap().source, "b");
         assert!(MemoryLimits::default().tightest().is_none());
+    }
+
+    #[test]
+    fn a_plan_over_only_what_is_free_now_fits_later() {
+        let limit = |bytes: u64, transient| Limit {
+            source: String::new(),
+            bytes,
+            transient,
+        };
+        let limits = MemoryLimits {
+            limits: vec![limit(900, false), limit(1000, false), limit(500, true)],
+        };
+        assert_eq!(limits.fit(400), Fit::Now);
+        assert_eq!(limits.fit(500), Fit::Now);
+        assert_eq!(limits.fit(501), Fit::Later);
+        assert_eq!(limits.fit(900), Fit::Later);
+        assert_eq!(limits.fit(901), Fit::Never);
+        assert_eq!(MemoryLimits::default().fit(u64::MAX), Fit::Now);
+    }
+
+    #[test]
+    fn the_host_gives_a_ceiling_and_what_is_free_now() {
+        let limits = MemoryLimits::discover();
+        let host = |name: &str| {
+            limits
+                .limits
+                .iter()
+                .find(|l| l.source.contains(name))
+                .unwrap_or_else(|| panic!("no {name} in {limits:?}"))
+        };
+        assert!(!host("MemTotal").transient);
+        assert!(host("MemAvailable").transient);
+        assert!(host("MemAvailable").bytes <= host("MemTotal").bytes);
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod headroom;
 pub mod pace;
 pub mod policy;
 pub mod pressure;
+pub mod restart_short;
 pub mod slots;
 pub mod stream;
 
