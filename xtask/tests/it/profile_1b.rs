@@ -96,7 +96,17 @@ fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     let plan = ServerPlan::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
-    profile.check_plan(&plan).unwrap();
+    let limits = profile.memory_limits(&plan).unwrap();
+    assert_eq!(
+        (
+            limits.min_mib,
+            limits.low_mib,
+            limits.high_mib,
+            limits.max_mib
+        ),
+        (676, 818, 856, 904),
+        "the limits the profile was sized at"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
