@@ -14,7 +14,10 @@
   planArgs,
 }:
 let
-  q = s: "'${builtins.replaceStrings [ "'" ] [ "'\\''" ] (toString s)}'";
+  # A path is interpolated, not `toString`ed, so that it is copied to the store and the builder
+  # can read it.
+  text = s: if builtins.isPath s then "${s}" else toString s;
+  q = s: "'${builtins.replaceStrings [ "'" ] [ "'\\''" ] (text s)}'";
   words = ws: builtins.concatStringsSep " " (map q ws);
   # The planner's own table (its arguments without --json), printed when the model cannot fit.
   tableArgs = builtins.filter (a: a != "--json") planArgs;

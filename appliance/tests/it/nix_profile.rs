@@ -709,3 +709,39 @@ fn the_memory_drop_in_is_the_same_from_both_builders() {
     assert!(stderr.contains("KV cache (anonymous)"), "{stderr}");
     std::fs::remove_file(&too_big).unwrap();
 }
+
+/// The module gives the profile as a path: the step must name its copy in the store, which the
+/// builder's sandbox can read, not the path in the source tree. (`--readonly-mode` computes the
+/// store path without a store.)
+#[test]
+fn the_memory_step_reads_the_profile_from_the_store() {
+    let out = nix_instantiate()
+        .args(["--readonly-mode", "--eval", "--strict", "--json"])
+        .args(["--argstr", "root"])
+        .arg(repo_root())
+        .arg("--expr")
+        .arg(
+            "{ root }: import (/. + root + \"/modules/memory-script.nix\") {
+               server = \"/s/llm-server\"; appliance = \"/a/appliance\";
+               profile = /. + root + \"/appliance/profiles/e2-micro.toml\";
+               planArgs = [ \"plan\" \"--json\" ];
+             }",
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script: String = serde_json::from_slice(&out.stdout).unwrap();
+    let profile = script
+        .split("--profile '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .unwrap_or_else(|| panic!("no --profile in:\n{script}"));
+    assert!(
+        profile.starts_with("/nix/store/") && profile.ends_with("-e2-micro.toml"),
+        "{profile}"
+    );
+}
