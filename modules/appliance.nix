@@ -67,8 +67,8 @@ in
       defaultText = literalExpression "./appliance/profiles/e2-micro.toml";
       description = ''
         The appliance profile: every value of the policy comes from it. `appliance check
-        --profile FILE` tells whether its numbers fit together; the build also holds its
-        memory limits to the server's plan of the model (`appliance check --plan`).
+        --profile FILE` tells whether its numbers fit together; the build also resolves its
+        memory policy against the server's plan of the model (`appliance memory --plan`).
       '';
     };
 

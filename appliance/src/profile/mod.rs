@@ -1,7 +1,7 @@
 //! The appliance profile (`profiles/*.toml`): every value the appliance is built from, parsed
 //! strictly and checked for consistency on load. Each section checks its own keys
-//! (`schema.rs`); `check.rs` relates the sections, and holds the server's limits to the
-//! server's own memory plan of the model once one is given ([`Profile::check_plan`]).
+//! (`schema.rs`); `check.rs` relates the sections, and resolves the server's limits against the
+//! server's own memory plan of the model once one is given ([`Profile::memory_limits`]).
 
 mod check;
 mod schema;

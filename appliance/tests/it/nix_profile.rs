@@ -406,7 +406,7 @@ fn server_unit_matches() {
 
 /// The NixOS module plans the model at build time with the same `llm-server plan` arguments as
 /// `cargo xtask image`, and both hold the profile to the result with the same rule
-/// (`Profile::check_plan`, which the module runs as `appliance check --plan`), so the two
+/// (`Profile::memory_limits`, which the module runs as `appliance memory --plan`), so the two
 /// builders check the same numbers.
 #[test]
 fn memory_plan_arguments_match() {
