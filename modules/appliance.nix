@@ -2,7 +2,8 @@
 # files the Debian image installs, as NixOS options: the server's service and memory limits,
 # zram, sysctls, earlyoom, the nftables allowlist, SSH keys from OCI's metadata service, and
 # the profile itself for `appliance doctor`. ./profile.nix does the mapping. The memory limits
-# are held to the server's own plan of the model at build time, as for the Debian image.
+# are resolved against the server's own plan of the model at build time by `appliance memory`
+# (./memory-script.nix), as for the Debian image.
 {
   config,
   lib,
@@ -36,22 +37,25 @@ let
   command =
     words: utils.escapeSystemdExecArgs ([ programs.${builtins.head words} ] ++ builtins.tail words);
 
-  # The profile's memory rule, applied at build time as `cargo xtask image` applies it: the
-  # server plans the real model file (`llm-server plan --json` with ./plan-args.nix), and
-  # `appliance check` holds the profile's limits to that plan, so limits that cannot hold the
-  # model fail the build with the numbers and the fix. Both programs run on the builder, which
-  # needs x86-64-v3 like the box (the server refuses an older CPU with exit status 3). Exit
-  # status 2 from the planner only says the plan does not fit the builder's own memory.
+  # The profile's memory policy, resolved at build time as `cargo xtask image` resolves it: the
+  # server plans the real model file and `appliance memory` turns the profile's margins over
+  # that plan into the unit's MemoryMin/Low/High/Max drop-in (./memory-script.nix), so a model
+  # that cannot fit the machine fails the build with the reason and the planner's table. Both
+  # programs run on the builder, which needs x86-64-v3 like the box (the server refuses an older
+  # CPU with exit status 3).
   server = config.services.llm-server;
   planArgs = import ./plan-args.nix {
     inherit (server) model;
     inherit (v.server) contextSize parallel;
   };
-  memoryCheck = pkgs.runCommand "llm-appliance-${v.name}-memory-check" { } ''
-    ${lib.getExe server.package} ${lib.escapeShellArgs planArgs} > plan.json || [ $? -eq 2 ]
-    ${lib.getExe cfg.package} check --profile ${cfg.profile} --plan plan.json
-    mv plan.json $out
-  '';
+  memory = pkgs.runCommand "llm-appliance-${v.name}-memory" { } (
+    import ./memory-script.nix {
+      server = lib.getExe server.package;
+      appliance = lib.getExe cfg.package;
+      inherit (cfg) profile;
+      inherit planArgs;
+    }
+  );
 in
 {
   options.llm-appliance = {
@@ -63,8 +67,8 @@ in
       defaultText = literalExpression "./appliance/profiles/e2-micro.toml";
       description = ''
         The appliance profile: every value of the policy comes from it. `appliance check
-        --profile FILE` tells whether its numbers fit together; the build also holds its
-        memory limits to the server's plan of the model (`appliance check --plan`).
+        --profile FILE` tells whether its numbers fit together; the build also resolves its
+        memory policy against the server's plan of the model (`appliance memory --plan`).
       '';
     };
 
@@ -101,12 +105,15 @@ in
       # The profile's, over the mkDefault of nixpkgs' test driver (the node's name).
       networking.hostName = v.hostName;
 
-      # Built with the system, not installed: a profile whose limits cannot hold the model's
-      # plan fails the build.
-      system.checks = [ memoryCheck ];
+      # The server unit's memory limits: the drop-in `appliance memory` wrote, which NixOS links
+      # from the package's lib/systemd/system/llm-server.service.d/ into /etc/systemd/system
+      # (systemd.packages), where the Debian image installs the same text.
+      systemd.packages = [ memory ];
 
-      # The box carries its own policy: `appliance doctor` reads it from here.
+      # The box carries its own policy: `appliance doctor` reads it from here, and resolves the
+      # limits it checks from the profile and the build's plan of the model.
       environment.etc."llm-appliance/profile.toml".source = cfg.profile;
+      environment.etc."llm-appliance/plan.json".source = "${memory}/share/llm-appliance/plan.json";
       environment.systemPackages = [ cfg.package ];
 
       services.llm-server = {
@@ -122,7 +129,8 @@ in
         tlsKeyFile = mkDefault v.server.tlsKeyFile;
         model = mkDefault (pkgs.callPackage ../nix/model.nix { inherit (cfg) profile; });
       };
-      # This profile's unit settings over the service module's defaults, and the limits.
+      # This profile's unit settings over the service module's defaults, and OOMScoreAdjust (the
+      # memory limits come in the drop-in above).
       systemd.services.llm-server.serviceConfig = v.serverUnit.serviceConfig // v.serverUnit.limits;
       # Its keys and certificate come from llm-secrets.service below (the service module alone
       # has no such unit to require).

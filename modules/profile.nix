@@ -18,7 +18,6 @@ let
     ;
 
   join = builtins.concatStringsSep;
-  mib = n: "${toString n}M";
 
   # The server's process name, always first in earlyoom's avoid list (`SERVER_PROCESS` in
   # appliance/src/paths.rs).
@@ -255,15 +254,11 @@ in
     }
     // serverConfinement;
 
-    # Sized for this machine, so set by the appliance policy rather than the service module.
-    # The memory-mapped weights are page cache charged to the unit: MemoryMin keeps them
-    # resident whatever else runs.
+    # Set by the appliance policy rather than the service module. The memory limits are not
+    # here: they depend on the model file, so `appliance memory` resolves them at build time
+    # into a drop-in (./memory-script.nix).
     limits = {
       OOMScoreAdjust = server.oom_score_adjust;
-      MemoryMin = mib server.memory.min_mib;
-      MemoryLow = mib server.memory.low_mib;
-      MemoryHigh = mib server.memory.high_mib;
-      MemoryMax = mib server.memory.max_mib;
     };
   };
 

@@ -27,12 +27,28 @@ enum Cmd {
         #[arg(long)]
         plan: Option<PathBuf>,
     },
-    /// Write every file the image needs under DIR, laid out as on the root file system.
+    /// Write every file the image needs under DIR, laid out as on the root file system; with
+    /// --plan also the plan and the server unit's memory drop-in resolved from it.
     Render {
         #[arg(long)]
         profile: PathBuf,
         #[arg(long)]
         out: PathBuf,
+        /// The output of `llm-server plan --json` for the profile's model, context and slots
+        /// (`-` reads it from stdin).
+        #[arg(long)]
+        plan: Option<PathBuf>,
+    },
+    /// Print the server unit's memory drop-in (`[Service]` MemoryMin/Low/High/Max): the
+    /// profile's [server.memory] policy resolved against the server's plan of its model.
+    /// Refuses, naming the fix, a model that cannot fit the machine.
+    Memory {
+        #[arg(long)]
+        profile: PathBuf,
+        /// The output of `llm-server plan --json` for the profile's model, context and slots
+        /// (`-` reads it from stdin).
+        #[arg(long)]
+        plan: PathBuf,
     },
     /// Check the running box against its profile; exits non-zero if anything is off.
     Doctor {
@@ -78,24 +94,19 @@ fn run(cmd: Cmd) -> Result<ExitCode> {
         Cmd::Check { profile, plan } => {
             let profile = Profile::load(&profile)?;
             warn(&profile);
-            let m = &profile.server.memory;
-            let limits = format!(
-                "MemoryMin {} / Low {} / High {} / Max {} MiB",
-                m.min_mib, m.low_mib, m.high_mib, m.max_mib
-            );
             let Some(plan) = plan else {
                 let s = &profile.server;
                 let args = appliance::plan::args(&profile.model.file, s.ctx_size, s.parallel);
                 println!(
-                    "{}: ok; {limits}. Memory not checked: give --plan, the output of \
+                    "{}: ok. Memory limits not resolved: give --plan, the output of \
                      `llm-server {}`",
                     profile.machine.name,
                     args.join(" ")
                 );
                 return Ok(ExitCode::SUCCESS);
             };
-            let plan = read_plan(&plan)?;
-            profile.check_plan(&plan)?;
+            let (plan, _) = read_plan(&plan)?;
+            let limits = profile.memory_limits(&plan)?;
             let mib = |b: u64| b.div_ceil(MIB);
             println!(
                 "{}: ok. The server needs {} MiB (weights {}, KV cache {}, scratch {}, \
@@ -110,14 +121,27 @@ fn run(cmd: Cmd) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Render { profile, out } => {
+        Cmd::Render { profile, out, plan } => {
             let profile = Profile::load(&profile)?;
             warn(&profile);
-            let written = render::write(&render::render(&profile), &out)
+            let mut files = render::render(&profile);
+            if let Some(plan) = plan {
+                let (plan, json) = read_plan(&plan)?;
+                let limits = profile.memory_limits(&plan)?;
+                files.extend(render::planned(&profile, &json, &limits));
+            }
+            let written = render::write(&files, &out)
                 .with_context(|| format!("write the rendered files under {}", out.display()))?;
             for path in written {
                 println!("{}", path.display());
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Memory { profile, plan } => {
+            let profile = Profile::load(&profile)?;
+            let (plan, _) = read_plan(&plan)?;
+            let limits = profile.memory_limits(&plan)?;
+            print!("{}", render::server_limits(&profile, &limits));
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Doctor {
@@ -166,13 +190,14 @@ fn warn(profile: &Profile) {
     }
 }
 
-/// `llm-server plan --json` output from a file, or stdin for `-`.
-fn read_plan(path: &std::path::Path) -> Result<ServerPlan> {
+/// `llm-server plan --json` output from a file, or stdin for `-`: parsed, and as it was.
+fn read_plan(path: &std::path::Path) -> Result<(ServerPlan, String)> {
     let json = if path == std::path::Path::new("-") {
         std::io::read_to_string(std::io::stdin()).context("read the plan from stdin")?
     } else {
         std::fs::read_to_string(path)
             .with_context(|| format!("read the plan {}", path.display()))?
     };
-    ServerPlan::parse(&json).with_context(|| format!("the plan {}", path.display()))
+    let plan = ServerPlan::parse(&json).with_context(|| format!("the plan {}", path.display()))?;
+    Ok((plan, json))
 }

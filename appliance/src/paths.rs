@@ -4,6 +4,18 @@
 /// The profile as the image installs it; `appliance doctor` reads it from there by default.
 pub const PROFILE: &str = "/etc/llm-appliance/profile.toml";
 
+/// The server's plan of the model (`llm-server plan --json`) made when the image was built: with
+/// the profile, it gives the unit's memory limits (`Profile::memory_limits`), which the doctor
+/// checks the box against.
+pub const PLAN: &str = "/etc/llm-appliance/plan.json";
+/// Those limits as a drop-in of the server's unit, written by `appliance memory` for both
+/// builders (the NixOS module links the same file in from a package's
+/// `lib/systemd/system/llm-server.service.d/`).
+pub const MEMORY_DROPIN: &str = "/etc/systemd/system/llm-server.service.d/memory.conf";
+/// The drop-in's path under a package's `lib/systemd/system/`, as NixOS's `systemd.packages`
+/// links it into /etc/systemd/system.
+pub const MEMORY_DROPIN_IN_PACKAGE: &str = "lib/systemd/system/llm-server.service.d/memory.conf";
+
 /// Where the image keeps the model; the server's `--model` points inside it.
 pub const MODEL_DIR: &str = "/var/lib/llm/models";
 /// The two binaries the image installs.

@@ -18,7 +18,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use appliance::plan::{self, ServerPlan};
-use appliance::Profile;
+use appliance::profile::MemoryLimits;
+use appliance::{render, Profile};
 use xshell::{cmd, Shell};
 
 use crate::setup::{self, Need};
@@ -155,7 +156,13 @@ impl Image {
         let layout = disk::Layout::new(sh)?;
         let root_dir = work.join("rootfs");
         progress.step("assemble the root file system", || {
-            rootfs::assemble(sh, &base, &root_dir, &profile, &binaries, &model, &layout)
+            rootfs::assemble(sh, &base, &root_dir, &profile, &binaries, &model, &layout)?;
+            // The plan and the server unit's memory drop-in resolved from it, the text
+            // `appliance memory` writes for the NixOS module.
+            let planned = render::planned(&profile, &plan.text, &plan.limits);
+            render::write(&planned, &root_dir)
+                .context("install the plan and the memory drop-in")?;
+            Ok(())
         })?;
         progress.step("check the initramfs's boot drivers (lsinitramfs)", || {
             let seen = initrd::check(sh, &root_dir)?;
@@ -168,7 +175,7 @@ impl Image {
             disk::build(sh, &root_dir, &work, &layout, &image)
         })?;
         progress.step("write the manifest", || {
-            let manifest = manifest(&profile, &image, &built, &binaries, &packages, &plan)?;
+            let manifest = manifest(&profile, &image, &built, &binaries, &packages, &plan.json)?;
             let path = out.join("manifest.json");
             std::fs::write(&path, serde_json::to_string_pretty(&manifest)? + "\n")
                 .with_context(|| format!("write {}", path.display()))
@@ -261,15 +268,21 @@ fn model(sh: &Shell, profile: &Profile) -> Result<PathBuf> {
     crate::model::ensure_profile(sh, profile, true)
 }
 
+/// The server's memory plan of the real model file, and the unit's limits resolved from it.
+#[derive(Debug)]
+pub struct MemoryPlan {
+    /// As `llm-server plan --json` printed it: installed on the box for the doctor.
+    pub text: String,
+    /// The same, for the manifest.
+    pub json: serde_json::Value,
+    pub limits: MemoryLimits,
+}
+
 /// The server's memory plan of the real model file at the profile's context and slots, from
 /// the binary the image installs (the NixOS module runs the same command, modules/plan-args.nix),
-/// and the profile's limits held to it; returns the planner's JSON, for the manifest.
-fn memory_plan(
-    sh: &Shell,
-    server: &Path,
-    model: &Path,
-    profile: &Profile,
-) -> Result<serde_json::Value> {
+/// and the profile's memory policy resolved against it (as `appliance memory` resolves it for
+/// the NixOS module); a model that cannot fit stops the build with the planner's table.
+fn memory_plan(sh: &Shell, server: &Path, model: &Path, profile: &Profile) -> Result<MemoryPlan> {
     let s = &profile.server;
     let args = plan::args(&model.to_string_lossy(), s.ctx_size, s.parallel);
     let words = &args;
@@ -289,28 +302,33 @@ fn memory_plan(
     }
     let json = String::from_utf8(out.stdout).context("llm-server plan printed non-UTF-8")?;
     let plan = ServerPlan::parse(&json)?;
-    if let Err(e) = profile.check_plan(&plan) {
-        // The planner's own table beside the rule's message: what each part costs.
-        let table_args: Vec<&String> = args.iter().filter(|a| *a != "--json").collect();
-        let table = cmd!(sh, "{server} {table_args...}")
-            .quiet()
-            .ignore_status()
-            .read()
-            .unwrap_or_default();
-        bail!("{e}\n{}", table.trim_end());
-    }
+    let limits = match profile.memory_limits(&plan) {
+        Ok(limits) => limits,
+        Err(e) => {
+            // The planner's own table beside the rule's message: what each part costs.
+            let table_args: Vec<&String> = args.iter().filter(|a| *a != "--json").collect();
+            let table = cmd!(sh, "{server} {table_args...}")
+                .quiet()
+                .ignore_status()
+                .read()
+                .unwrap_or_default();
+            bail!("{e}\n{}", table.trim_end());
+        }
+    };
     let mib = |b: u64| b.div_ceil(plan::MIB);
     eprintln!(
-        "    the server plans {} MiB (weights {}, KV cache {}, scratch {}, vocabulary {}); \
-         MemoryHigh {} MiB",
+        "    the server plans {} MiB (weights {}, KV cache {}, scratch {}, vocabulary {}); {limits}",
         mib(plan.total_bytes),
         mib(plan.weights_bytes),
         mib(plan.kv_cache_bytes),
         mib(plan.scratch_bytes),
         mib(plan.vocabulary_bytes),
-        s.memory.high_mib
     );
-    Ok(serde_json::from_str(&json)?)
+    Ok(MemoryPlan {
+        json: serde_json::from_str(&json)?,
+        text: json,
+        limits,
+    })
 }
 
 fn manifest(
@@ -391,8 +409,18 @@ mod tests {
         };
         // Status 2 (does not fit this machine) is still a plan.
         let server = planner(&dir, &plan(360968535), 2);
-        let json = memory_plan(&sh, &server, &model, &profile).unwrap();
-        assert_eq!(json["total_bytes"], 360968535);
+        let planned = memory_plan(&sh, &server, &model, &profile).unwrap();
+        assert_eq!(planned.json["total_bytes"], 360968535);
+        assert_eq!(
+            ServerPlan::parse(&planned.text).unwrap().total_bytes,
+            360968535
+        );
+        // The shipped profile's policy gives today's limits for today's model.
+        let l = planned.limits;
+        assert_eq!(
+            (l.min_mib, l.low_mib, l.high_mib, l.max_mib),
+            (96, 384, 512, 576)
+        );
         let args = std::fs::read_to_string(dir.join("args")).unwrap();
         assert_eq!(
             args.trim_end(),
@@ -401,17 +429,20 @@ mod tests {
                 model.display()
             )
         );
-        // A plan the limits cannot hold stops the build with the rule's message.
-        let server = planner(&dir, &plan(600 << 20), 0);
+        // A plan the machine cannot hold stops the build with the rule's message.
+        let server = planner(&dir, &plan(900 << 20), 0);
         let e = format!(
             "{:#}",
             memory_plan(&sh, &server, &model, &profile).unwrap_err()
         );
-        assert!(e.contains("high_mib = 512 cannot hold the model"), "{e}");
+        assert!(
+            e.contains("the model does not fit machine.ram_mib = 1024"),
+            "{e}"
+        );
         // ... followed by the planner's table (asked for without --json; this stand-in prints
         // the same text either way).
         assert!(
-            e.contains(&format!("\"total_bytes\": {}", 600 << 20)),
+            e.contains(&format!("\"total_bytes\": {}", 900 << 20)),
             "{e}"
         );
         let args = std::fs::read_to_string(dir.join("args")).unwrap();

@@ -233,7 +233,7 @@ pub fn kernel_oom_kills(host: &Host) -> Check {
             victims.join(", ")
         ),
         if server_hit {
-            "the server was killed: it outgrew MemoryMax (raise server.memory.max_mib or lower ctx_size/parallel) or the box ran dry"
+            "the server was killed: it outgrew MemoryMax (raise server.memory.max_over_high_mib or lower ctx_size/parallel) or the box ran dry"
         } else {
             "earlyoom should act before the kernel: check it runs and that earlyoom.mem_term_percent fits the box"
         },

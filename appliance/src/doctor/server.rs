@@ -4,9 +4,9 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::paths::{SERVER_PROCESS, SERVER_UNIT};
-use crate::plan::MIB;
-use crate::profile::Profile;
+use crate::paths::{PLAN, SERVER_PROCESS, SERVER_UNIT};
+use crate::plan::{ServerPlan, MIB};
+use crate::profile::{MemoryLimits, Profile};
 
 use super::{keyed_value, mib, Check, Host, Process};
 
@@ -22,9 +22,10 @@ pub fn checks(profile: &Profile, host: &Host) -> Vec<Check> {
                 format!("pid {} in {}", process.pid, cgroup),
             ));
             let dir = format!("/sys/fs/cgroup{cgroup}");
-            checks.push(limits(profile, host, &process, &dir));
+            let resolved = resolved_limits(profile, host);
+            checks.push(limits(profile, resolved.as_ref(), host, &process, &dir));
             checks.push(memory_events(host, &dir));
-            checks.push(footprint(profile, host, &process, &dir));
+            checks.push(footprint(resolved.ok().as_ref(), host, &process, &dir));
             checks.push(cpu_throttling(host, &dir));
         }
     }
@@ -59,10 +60,36 @@ fn find(host: &Host) -> Result<(Process, String), Check> {
     Ok((process, cgroup))
 }
 
-/// MemoryMin/Low/High/Max and OOMScoreAdjust as the profile says.
-fn limits(profile: &Profile, host: &Host, process: &Process, dir: &str) -> Check {
+/// The unit's memory limits as the image builder resolved them: the profile's policy against
+/// the plan it installed beside the profile.
+fn resolved_limits(profile: &Profile, host: &Host) -> Result<MemoryLimits, String> {
+    let json = host
+        .read(PLAN)
+        .map_err(|e| format!("cannot read the image's memory plan {PLAN}: {e}"))?;
+    let plan = ServerPlan::parse(&json).map_err(|e| format!("{PLAN}: {e}"))?;
+    profile.memory_limits(&plan).map_err(|e| e.to_string())
+}
+
+/// MemoryMin/Low/High/Max as the profile's policy resolves against the image's plan, and
+/// OOMScoreAdjust as the profile says.
+fn limits(
+    profile: &Profile,
+    resolved: Result<&MemoryLimits, &String>,
+    host: &Host,
+    process: &Process,
+    dir: &str,
+) -> Check {
     const NAME: &str = "unit-limits";
-    let m = &profile.server.memory;
+    let m =
+        match resolved {
+            Ok(m) => m,
+            Err(why) => return Check::fail(
+                NAME,
+                why.clone(),
+                "the image builders install the plan the limits are resolved from: rebuild the \
+                 image (or copy the build's plan.json there)",
+            ),
+        };
     let mut wrong = Vec::new();
     for (file, want_mib) in [
         ("memory.min", m.min_mib),
@@ -89,17 +116,15 @@ fn limits(profile: &Profile, host: &Host, process: &Process, dir: &str) -> Check
     if wrong.is_empty() {
         Check::ok(
             NAME,
-            format!(
-                "MemoryMin {} / Low {} / High {} / Max {} MiB, OOMScoreAdjust {}",
-                m.min_mib, m.low_mib, m.high_mib, m.max_mib, profile.server.oom_score_adjust
-            ),
+            format!("{m}, OOMScoreAdjust {}", profile.server.oom_score_adjust),
         )
     } else {
         Check::fail(
             NAME,
             wrong.join(", "),
-            "the installed llm-server.service differs from the profile: render it again, then \
-             `systemctl daemon-reload && systemctl restart llm-server`",
+            "the installed llm-server.service (and its memory.conf drop-in) differs from the \
+             profile and the image's plan: render them again, then `systemctl daemon-reload && \
+             systemctl restart llm-server`",
         )
     }
 }
@@ -121,13 +146,13 @@ fn memory_events(host: &Host, dir: &str) -> Check {
         Check::fail(
             NAME,
             detail,
-            "the server reached MemoryMax: raise server.memory.max_mib (and high_mib) or lower server.ctx_size/parallel",
+            "the server reached MemoryMax: raise server.memory.max_over_high_mib (and high_over_need_mib) or lower server.ctx_size/parallel",
         )
     } else if high > 0 {
         Check::warn(
             NAME,
             detail,
-            "the server was throttled at MemoryHigh: raise server.memory.high_mib",
+            "the server was throttled at MemoryHigh: raise server.memory.high_over_need_mib",
         )
     } else {
         Check::ok(NAME, detail)
@@ -135,7 +160,7 @@ fn memory_events(host: &Host, dir: &str) -> Check {
 }
 
 /// Resident memory, major faults, and memory maps against vm.max_map_count.
-fn footprint(profile: &Profile, host: &Host, process: &Process, dir: &str) -> Check {
+fn footprint(limits: Option<&MemoryLimits>, host: &Host, process: &Process, dir: &str) -> Check {
     const NAME: &str = "server-memory";
     let pid = process.pid;
     let rss_kib = host
@@ -166,11 +191,12 @@ fn footprint(profile: &Profile, host: &Host, process: &Process, dir: &str) -> Ch
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0);
+    let high_mib = limits.map(|l| l.high_mib);
     let detail = format!(
         "RSS {} MiB, cgroup {} MiB of MemoryHigh {} MiB, {} major faults, {maps} of {max_maps} memory maps",
         rss_kib / 1024,
         mib(current),
-        profile.server.memory.high_mib,
+        high_mib.map_or("?".to_owned(), |n| n.to_string()),
         major_faults.map_or("?".to_owned(), |n| n.to_string()),
     );
     if maps * 5 > max_maps * 4 {
@@ -179,11 +205,11 @@ fn footprint(profile: &Profile, host: &Host, process: &Process, dir: &str) -> Ch
             detail,
             "the server is close to vm.max_map_count: raise it in the profile's [sysctl]",
         )
-    } else if current * 20 > profile.server.memory.high_mib * MIB * 19 {
+    } else if high_mib.is_some_and(|high| current * 20 > high * MIB * 19) {
         Check::warn(
             NAME,
             detail,
-            "the server's cgroup is within 5% of MemoryHigh: raise server.memory.high_mib",
+            "the server's cgroup is within 5% of MemoryHigh: raise server.memory.high_over_need_mib",
         )
     } else {
         Check::ok(NAME, detail)

@@ -6,7 +6,12 @@ use std::path::Path;
 
 use crate::plan::{self, ServerPlan, MIB};
 
-use super::schema::Profile;
+use super::schema::{MemoryLimits, Profile};
+
+/// Whole MiB holding `bytes`.
+fn mib(bytes: u64) -> u64 {
+    bytes.div_ceil(MIB)
+}
 
 /// What the server's process holds beyond its plan: its code and static data, thread stacks and
 /// the allocator's slack. The planner counts the weights, the KV cache, the scratch buffers and
@@ -17,12 +22,35 @@ pub const RUNTIME_ALLOWANCE_BYTES: u64 = 32 * MIB;
 /// memory, ports, egress and the metadata service.
 pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
     let ram = profile.machine.ram_mib;
-    let memory = &profile.server.memory;
-    if memory.max_mib >= ram {
+    let policy = &profile.server.memory;
+    for (key, margin) in policy.margins() {
+        if margin >= ram {
+            p.push(format!(
+                "server.memory.{key} = {margin} is not below machine.ram_mib = {ram}: a margin \
+                 is a few MiB over the plan's figure, not a machine's worth"
+            ));
+        }
+    }
+    // MemoryMax of a model of no size at all: the process's allowance and the two margins above
+    // it. (Each margin is below `ram`, so the sum cannot overflow.)
+    let max_floor =
+        mib(RUNTIME_ALLOWANCE_BYTES) + policy.high_over_need_mib + policy.max_over_high_mib;
+    if max_floor >= ram {
         p.push(format!(
-            "server.memory.max_mib = {} leaves nothing of machine.ram_mib = {ram} for the OS: \
-             lower it",
-            memory.max_mib
+            "server.memory: MemoryMax would be at least {max_floor} MiB ({} MiB for the process \
+             itself + high_over_need_mib + max_over_high_mib) even for a model of no size, and \
+             machine.ram_mib is {ram}: lower the margins",
+            mib(RUNTIME_ALLOWANCE_BYTES)
+        ));
+    }
+    if policy.low_over_plan_mib > mib(RUNTIME_ALLOWANCE_BYTES) + policy.high_over_need_mib {
+        p.push(format!(
+            "server.memory.low_over_plan_mib = {} would put MemoryLow above MemoryHigh (the plan \
+             + {} MiB for the process + high_over_need_mib = {}): lower it or raise \
+             high_over_need_mib",
+            policy.low_over_plan_mib,
+            mib(RUNTIME_ALLOWANCE_BYTES),
+            policy.high_over_need_mib
         ));
     }
     let zram = &profile.zram;
@@ -33,24 +61,13 @@ pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
         ));
     }
 
-    let e = &profile.earlyoom;
-    // MemAvailable counts the server's page cache as available although MemoryMin keeps it from
-    // being reclaimed, so below this share earlyoom would never see memory running short. A
-    // tenth of RAM on top covers MemTotal being below the RAM size and the kernel's own
-    // reserves. In u128, which no product of two u64 overflows: the values may be absurd here
-    // (their sections report that), and must give an error, not a wrap or a panic.
-    let ram_wide = u128::from(ram.max(1));
-    let floor_mib = u128::from(memory.min_mib) + ram_wide / 10;
-    let floor_percent = (floor_mib * 100).div_ceil(ram_wide);
-    if u128::from(e.mem_kill_percent) * ram_wide < floor_mib * 100 {
-        p.push(format!(
-            "earlyoom.mem_kill_percent = {} would never fire: MemAvailable counts the server's \
-             protected {} MiB (server.memory.min_mib) as available; raise it (and \
-             mem_term_percent) to at least {floor_percent}",
-            e.mem_kill_percent, memory.min_mib
-        ));
+    // MemoryMin is the weights plus a margin: whatever the model, at least the margin.
+    if let Some(problem) = earlyoom_blind(profile, policy.min_over_weights_mib, None) {
+        p.push(problem);
     }
     // An idle box below earlyoom's term line would have earlyoom killing at rest.
+    let e = &profile.earlyoom;
+    let ram_wide = u128::from(ram.max(1));
     let term_line_mib = u128::from(e.mem_term_percent) * ram_wide / 100;
     let headroom = profile.machine.headroom_mib;
     if u128::from(headroom) <= term_line_mib || headroom >= ram {
@@ -124,10 +141,42 @@ fn keys_and_tls(profile: &Profile, p: &mut Vec<String>) {
     }
 }
 
-/// The server's limits against `plan`, which must be the server's plan of the profile's model
-/// at its context and slots: MemoryMin protects the weights, MemoryLow the whole plan, and
-/// MemoryHigh holds the whole plan plus [`RUNTIME_ALLOWANCE_BYTES`].
-pub(super) fn memory(profile: &Profile, plan: &ServerPlan) -> Vec<String> {
+/// Why earlyoom's kill line could never fire with `min_mib` protected (None if it can): MemAvailable
+/// counts the server's page cache as available although MemoryMin keeps it from being
+/// reclaimed, so below this share earlyoom would never see memory running short. A tenth of RAM
+/// on top covers MemTotal being below the RAM size and the kernel's own reserves. `weights_mib`
+/// is the plan's, once there is one. In u128, which no product of two u64 overflows: the
+/// values may be absurd here (their sections report that), and must give an error, not a wrap
+/// or a panic.
+fn earlyoom_blind(profile: &Profile, min_mib: u64, weights_mib: Option<u64>) -> Option<String> {
+    let e = &profile.earlyoom;
+    let ram_wide = u128::from(profile.machine.ram_mib.max(1));
+    let floor_mib = u128::from(min_mib) + ram_wide / 10;
+    let floor_percent = (floor_mib * 100).div_ceil(ram_wide);
+    if u128::from(e.mem_kill_percent) * ram_wide >= floor_mib * 100 {
+        return None;
+    }
+    let protected = match weights_mib {
+        Some(w) => format!(
+            "MemoryMin: the model's {w} MiB of weights + server.memory.min_over_weights_mib"
+        ),
+        None => "at least server.memory.min_over_weights_mib, whatever the model".to_owned(),
+    };
+    Some(format!(
+        "earlyoom.mem_kill_percent = {} would never fire: MemAvailable counts the server's \
+         protected {min_mib} MiB ({protected}) as available; raise it (and mem_term_percent, \
+         and machine.headroom_mib above the term line) to at least {floor_percent}, or serve a \
+         smaller model",
+        e.mem_kill_percent
+    ))
+}
+
+/// The server's limits resolved against `plan`, which must be the server's plan of the
+/// profile's model at its context and slots: MemoryMin protects the weights, MemoryLow the
+/// whole plan, MemoryHigh holds the whole plan plus [`RUNTIME_ALLOWANCE_BYTES`], MemoryMax sits
+/// above it, each by the profile's margin. Refused when the limits leave the OS nothing, or
+/// earlyoom could not see memory running short beside the protected weights.
+pub(super) fn memory(profile: &Profile, plan: &ServerPlan) -> Result<MemoryLimits, Vec<String>> {
     let s = &profile.server;
     let planned_file = Path::new(&plan.model)
         .file_name()
@@ -136,7 +185,7 @@ pub(super) fn memory(profile: &Profile, plan: &ServerPlan) -> Vec<String> {
     // A store path is `<hash>-<name>`: the profile's file name ends it.
     let same_model = planned_file.ends_with(&profile.model.file);
     if !same_model || plan.ctx_size != s.ctx_size || plan.parallel != s.parallel {
-        return vec![format!(
+        return Err(vec![format!(
             "the plan is of `{}` at {} tokens x {} slots, but the profile serves `{}` at {} x {} \
              (server.ctx_size x server.parallel): plan the profile's own with `llm-server {}`",
             plan.model,
@@ -146,42 +195,54 @@ pub(super) fn memory(profile: &Profile, plan: &ServerPlan) -> Vec<String> {
             s.ctx_size,
             s.parallel,
             plan::args(&profile.model.file, s.ctx_size, s.parallel).join(" ")
-        )];
+        )]);
     }
 
-    let mut p = Vec::new();
+    // Margins are below machine.ram_mib (checked on load) and MiB of a u64 byte count are
+    // below 2^44, so these sums cannot overflow.
     let m = &s.memory;
-    let mib = |bytes: u64| bytes.div_ceil(MIB);
     let weights_mib = mib(plan.weights_bytes);
-    if m.min_mib < weights_mib {
-        p.push(format!(
-            "server.memory.min_mib = {} does not protect the model's {weights_mib} MiB of \
-             weights from reclaim: raise it to at least {weights_mib}",
-            m.min_mib
-        ));
-    }
     let plan_mib = mib(plan.total_bytes);
-    if m.low_mib < plan_mib {
-        p.push(format!(
-            "server.memory.low_mib = {} protects less than the server's {plan_mib} MiB plan \
-             (weights, KV cache, scratch, vocabulary): raise it to at least {plan_mib}",
-            m.low_mib
-        ));
-    }
     let need_mib = mib(plan.total_bytes.saturating_add(RUNTIME_ALLOWANCE_BYTES));
-    if need_mib > m.high_mib {
+    let limits = MemoryLimits {
+        min_mib: weights_mib + m.min_over_weights_mib,
+        low_mib: plan_mib + m.low_over_plan_mib,
+        high_mib: need_mib + m.high_over_need_mib,
+        max_mib: need_mib + m.high_over_need_mib + m.max_over_high_mib,
+    };
+
+    let mut p = Vec::new();
+    let ram = profile.machine.ram_mib;
+    if limits.max_mib >= ram {
         p.push(format!(
-            "server.memory.high_mib = {} cannot hold the model: the server needs {need_mib} MiB \
-             (weights {} + KV cache {} + scratch {} + vocabulary {} MiB as llm-server plans them, \
-             + {} MiB for the process itself); raise high_mib/max_mib or lower \
-             server.ctx_size/server.parallel",
-            m.high_mib,
-            weights_mib,
+            "the model does not fit machine.ram_mib = {ram}: MemoryMax would be {} MiB = the \
+             server's {need_mib} MiB (weights {weights_mib} + KV cache {} + scratch {} + \
+             vocabulary {} MiB as llm-server plans them, + {} MiB for the process itself) + \
+             server.memory.high_over_need_mib {} + max_over_high_mib {}, leaving the OS nothing; \
+             serve a smaller model or lower server.ctx_size/server.parallel (or the margins)",
+            limits.max_mib,
             mib(plan.kv_cache_bytes),
             mib(plan.scratch_bytes),
             mib(plan.vocabulary_bytes),
             mib(RUNTIME_ALLOWANCE_BYTES),
+            m.high_over_need_mib,
+            m.max_over_high_mib,
         ));
     }
-    p
+    if limits.min_mib > limits.low_mib {
+        p.push(format!(
+            "server.memory.min_over_weights_mib = {} puts MemoryMin ({} MiB) above MemoryLow \
+             ({} MiB: the plan's {plan_mib} + low_over_plan_mib {}): lower it or raise \
+             low_over_plan_mib",
+            m.min_over_weights_mib, limits.min_mib, limits.low_mib, m.low_over_plan_mib
+        ));
+    }
+    if let Some(problem) = earlyoom_blind(profile, limits.min_mib, Some(weights_mib)) {
+        p.push(problem);
+    }
+    if p.is_empty() {
+        Ok(limits)
+    } else {
+        Err(p)
+    }
 }

@@ -1,7 +1,7 @@
 //! The appliance profile (`profiles/*.toml`): every value the appliance is built from, parsed
 //! strictly and checked for consistency on load. Each section checks its own keys
-//! (`schema.rs`); `check.rs` relates the sections, and holds the server's limits to the
-//! server's own memory plan of the model once one is given ([`Profile::check_plan`]).
+//! (`schema.rs`); `check.rs` relates the sections, and resolves the server's limits against the
+//! server's own memory plan of the model once one is given ([`Profile::memory_limits`]).
 
 mod check;
 mod schema;
@@ -37,6 +37,19 @@ pub enum ProfileError {
     },
     #[error("the profile `{name}` cannot hold the server's memory plan:\n{}", bullets(.problems))]
     Plan { name: String, problems: Vec<String> },
+    #[error(
+        "the profile {path} gives [server.memory] as absolute limits ({keys}), which a model file \
+         a few MiB larger than planned would outgrow: give margins over the server's plan \
+         instead, which the image build resolves against the real file: min_over_weights_mib \
+         (MemoryMin = weights + it), low_over_plan_mib (MemoryLow = plan + it), \
+         high_over_need_mib (MemoryHigh = plan + {allowance} MiB for the process + it) and \
+         max_over_high_mib (MemoryMax = MemoryHigh + it); see docs/memory.md"
+    )]
+    AbsoluteMemory {
+        path: PathBuf,
+        keys: String,
+        allowance: u64,
+    },
 }
 
 /// Whether `text` is a profile whose `[model]` has neither `sha256` nor `size_bytes`: committed
@@ -49,6 +62,17 @@ pub fn unpinned(text: &str) -> bool {
     doc.get("model")
         .and_then(|m| m.as_table())
         .is_some_and(|m| !m.contains_key("sha256") && !m.contains_key("size_bytes"))
+}
+
+/// The keys of the absolute form of `[server.memory]` that `text` still gives, if any.
+fn absolute_memory_keys(text: &str) -> Option<String> {
+    let doc = toml::from_str::<toml::Table>(text).ok()?;
+    let memory = doc.get("server")?.get("memory")?.as_table()?;
+    let old: Vec<&str> = ["min_mib", "low_mib", "high_mib", "max_mib"]
+        .into_iter()
+        .filter(|k| memory.contains_key(*k))
+        .collect();
+    (!old.is_empty()).then(|| old.join(", "))
 }
 
 fn bullets(problems: &[String]) -> String {
@@ -73,6 +97,13 @@ impl Profile {
         if unpinned(text) {
             return Err(ProfileError::Unpinned {
                 path: path.to_owned(),
+            });
+        }
+        if let Some(keys) = absolute_memory_keys(text) {
+            return Err(ProfileError::AbsoluteMemory {
+                path: path.to_owned(),
+                keys,
+                allowance: RUNTIME_ALLOWANCE_BYTES / crate::plan::MIB,
             });
         }
         let mut profile: Profile = toml::from_str(text).map_err(|e| ProfileError::Syntax {
@@ -113,18 +144,15 @@ impl Profile {
         w
     }
 
-    /// Holds the server's memory limits to `plan`, the server's plan of this profile's model
-    /// (`llm-server plan --json` with [`crate::plan::args`]). Loading cannot do this: it needs
-    /// the model file, which the box's `appliance doctor` and a profile under review lack.
-    pub fn check_plan(&self, plan: &ServerPlan) -> Result<(), ProfileError> {
-        let problems = check::memory(self, plan);
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(ProfileError::Plan {
-                name: self.machine.name.clone(),
-                problems,
-            })
-        }
+    /// The server unit's memory limits: the profile's policy resolved against `plan`, the
+    /// server's plan of this profile's model (`llm-server plan --json` with
+    /// [`crate::plan::args`]), or why the model cannot fit. Loading cannot do this: it needs the
+    /// model file, which only the image builders have (the box keeps their plan,
+    /// [`crate::paths::PLAN`]).
+    pub fn memory_limits(&self, plan: &ServerPlan) -> Result<MemoryLimits, ProfileError> {
+        check::memory(self, plan).map_err(|problems| ProfileError::Plan {
+            name: self.machine.name.clone(),
+            problems,
+        })
     }
 }

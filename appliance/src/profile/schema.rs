@@ -96,7 +96,7 @@ pub struct Server {
     pub api_keys: ApiKeys,
     /// Where the TLS certificate comes from (see [`Tls`]).
     pub tls: Tls,
-    pub memory: MemoryLimits,
+    pub memory: MemoryPolicy,
     pub limits: Limits,
 }
 
@@ -187,14 +187,54 @@ pub struct Limits {
     pub grammar_compiles: u32,
 }
 
-/// The server unit's cgroup limits, in MiB.
+/// The server unit's memory policy: each cgroup limit as a margin in MiB over a figure of the
+/// server's own plan of the model file (`llm-server plan --json`). The image builders resolve
+/// it against the real file at build time ([`Profile::memory_limits`]), so a file a few MiB
+/// larger than the one the profile was written for still builds, and one that cannot fit the
+/// machine is refused with the plan's figures.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct MemoryPolicy {
+    /// MemoryMin = the weights + this: nothing else's pressure can evict the model.
+    pub min_over_weights_mib: u64,
+    /// MemoryLow = the whole plan (weights, KV cache, scratch, vocabulary) + this.
+    pub low_over_plan_mib: u64,
+    /// MemoryHigh = the whole plan + the process's own allowance
+    /// ([`crate::profile::RUNTIME_ALLOWANCE_BYTES`]) + this: where throttling starts.
+    pub high_over_need_mib: u64,
+    /// MemoryMax = MemoryHigh + this: the hard ceiling.
+    pub max_over_high_mib: u64,
+}
+
+impl MemoryPolicy {
+    /// The margins with the keys that name them, in the order of the limits.
+    pub fn margins(&self) -> [(&'static str, u64); 4] {
+        [
+            ("min_over_weights_mib", self.min_over_weights_mib),
+            ("low_over_plan_mib", self.low_over_plan_mib),
+            ("high_over_need_mib", self.high_over_need_mib),
+            ("max_over_high_mib", self.max_over_high_mib),
+        ]
+    }
+}
+
+/// The server unit's cgroup limits in MiB, as [`MemoryPolicy`] resolves against a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryLimits {
     pub min_mib: u64,
     pub low_mib: u64,
     pub high_mib: u64,
     pub max_mib: u64,
+}
+
+impl fmt::Display for MemoryLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "MemoryMin {} / Low {} / High {} / Max {} MiB",
+            self.min_mib, self.low_mib, self.high_mib, self.max_mib
+        )
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -440,7 +480,6 @@ pub fn source_problems(
 
 impl Server {
     fn problems(&self, p: &mut Vec<String>) {
-        let m = &self.memory;
         if self.ctx_size == 0 || self.parallel == 0 {
             p.push("server.ctx_size and server.parallel must be at least 1".into());
         }
@@ -451,13 +490,6 @@ impl Server {
             p.push(format!(
                 "server.oom_score_adjust = {} is outside the kernel's -1000..=1000",
                 self.oom_score_adjust
-            ));
-        }
-        if !(m.min_mib <= m.low_mib && m.low_mib <= m.high_mib && m.high_mib <= m.max_mib) {
-            p.push(format!(
-                "server.memory must satisfy min_mib <= low_mib <= high_mib <= max_mib \
-                 (have {} <= {} <= {} <= {})",
-                m.min_mib, m.low_mib, m.high_mib, m.max_mib
             ));
         }
         self.limits.problems(self.ctx_size, p);

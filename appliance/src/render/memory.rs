@@ -1,6 +1,6 @@
-//! The memory stack: zram, sysctls and earlyoom.
+//! The memory stack: zram, sysctls, earlyoom, and the server unit's limits.
 
-use crate::profile::Profile;
+use crate::profile::{MemoryLimits, Profile};
 
 use super::header;
 
@@ -58,5 +58,24 @@ pub fn earlyoom_defaults(profile: &Profile) -> String {
         "{}\nEARLYOOM_ARGS='{}'\n",
         header(profile, "#"),
         earlyoom_args(profile).join(" ")
+    )
+}
+
+/// The server unit's drop-in with its memory limits, resolved from the profile's policy against
+/// the server's plan of the model ([`Profile::memory_limits`]). The one text both builders
+/// install: `cargo xtask image` through [`super::planned`], the NixOS module by running
+/// `appliance memory`.
+pub fn server_limits(profile: &Profile, limits: &MemoryLimits) -> String {
+    format!(
+        "# Rendered by `appliance memory` from the profile `{}` and the server's plan of its model.\n\
+         # Do not edit: change the profile's [server.memory] and build the image again.\n\
+         # The memory-mapped weights are page cache charged to the unit: MemoryMin keeps them\n\
+         # resident whatever else runs.\n\
+         [Service]\n\
+         MemoryMin={}M\n\
+         MemoryLow={}M\n\
+         MemoryHigh={}M\n\
+         MemoryMax={}M\n",
+        profile.machine.name, limits.min_mib, limits.low_mib, limits.high_mib, limits.max_mib
     )
 }

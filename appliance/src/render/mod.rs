@@ -15,10 +15,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::paths;
-use crate::profile::Profile;
+use crate::profile::{MemoryLimits, Profile};
 
 pub use exec::command_line;
-pub use memory::earlyoom_args;
+pub use memory::{earlyoom_args, server_limits};
 pub use units::{
     credential_args, credentials, memory_baseline_command, metadata_job_confinement,
     secrets_command, server_args, server_ip_deny, ssh_keys_commands, SERVER_HOST,
@@ -69,6 +69,16 @@ pub fn render(profile: &Profile) -> Vec<File> {
         File::config(paths::HOSTS, system::hosts(profile)),
         File::config(paths::NETWORK_CONF, system::network(profile)),
         File::config(paths::JOURNALD_CONF, system::journald(profile)),
+    ]
+}
+
+/// What the image needs from the server's plan of the model: the plan itself (`plan_json`, as
+/// `llm-server plan --json` printed it), which the doctor reads, and the server unit's memory
+/// limits resolved from it (`limits`, from [`Profile::memory_limits`]).
+pub fn planned(profile: &Profile, plan_json: &str, limits: &MemoryLimits) -> Vec<File> {
+    vec![
+        File::config(paths::PLAN, plan_json.to_owned()),
+        File::config(paths::MEMORY_DROPIN, memory::server_limits(profile, limits)),
     ]
 }
 

@@ -114,7 +114,6 @@ fn debian_command(words: &[String]) -> String {
 /// itself against them.
 pub fn server(profile: &Profile) -> String {
     let s = &profile.server;
-    let m = &s.memory;
     let watchdog = if s.watchdog_sec == 0 {
         String::new()
     } else {
@@ -158,13 +157,8 @@ RestartSec={restart}
 RestartPreventExitStatus={REFUSAL_STATUSES}
 TimeoutStartSec={start_timeout}
 {watchdog}OOMScoreAdjust={oom}
-
-# Sized from the profile's memory plan. The memory-mapped weights are page cache charged to
-# this unit, so MemoryMin keeps them resident whatever else runs.
-MemoryMin={min}M
-MemoryLow={low}M
-MemoryHigh={high}M
-MemoryMax={max}M
+# MemoryMin/Low/High/Max: in {dropin}, resolved from the profile's policy against the
+# server's plan of the model when the image was built.
 
 {confinement}
 [Install]
@@ -176,10 +170,7 @@ WantedBy=multi-user.target
         restart = s.restart_sec,
         start_timeout = s.start_timeout_sec,
         oom = s.oom_score_adjust,
-        min = m.min_mib,
-        low = m.low_mib,
-        high = m.high_mib,
-        max = m.max_mib,
+        dropin = paths::MEMORY_DROPIN,
         confinement = settings(&server_confinement(profile)),
     )
 }

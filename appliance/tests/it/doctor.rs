@@ -86,7 +86,25 @@ impl FakeBox {
             "proc/cpuinfo",
             "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 bmi1 bmi2 f16c fma abm movbe xsave\n",
         );
-        let m = fake.profile.server.memory.clone();
+        // The plan the image builder installed, which the limits resolve against.
+        let s = &fake.profile.server;
+        let plan = format!(
+            r#"{{"model": "{}", "ctx_size": {}, "parallel": {}, "weights_bytes": 96576768,
+            "kv_cache_bytes": 188743680, "scratch_bytes": 56404480,
+            "vocabulary_bytes": 19243607, "total_bytes": 360968535}}"#,
+            fake.profile.model_path(),
+            s.ctx_size,
+            s.parallel
+        );
+        fake.write(appliance::paths::PLAN.trim_start_matches('/'), &plan);
+        let m = fake
+            .profile
+            .memory_limits(&appliance::plan::ServerPlan::parse(&plan).unwrap())
+            .unwrap();
+        assert_eq!(
+            (m.min_mib, m.low_mib, m.high_mib, m.max_mib),
+            (96, 384, 512, 576)
+        );
         for (file, mib) in [
             ("min", m.min_mib),
             ("low", m.low_mib),
@@ -305,6 +323,20 @@ fn limits_off_the_profile_fail() {
     let fake = FakeBox::healthy();
     fake.write("proc/420/oom_score_adj", "0\n");
     assert_eq!(fake.status("unit-limits"), Status::Fail);
+    // The limits are resolved from the image's plan: without it they cannot be checked.
+    let fake = FakeBox::healthy();
+    std::fs::remove_file(
+        fake.path()
+            .join(appliance::paths::PLAN.trim_start_matches('/')),
+    )
+    .unwrap();
+    let report = doctor::examine(&fake.profile, &Host::new(fake.path()));
+    let check = report.check("unit-limits").unwrap();
+    assert_eq!(check.status, Status::Fail);
+    assert!(
+        check.detail.contains("/etc/llm-appliance/plan.json"),
+        "{check:?}"
+    );
 }
 
 #[test]

@@ -406,7 +406,7 @@ fn server_unit_matches() {
 
 /// The NixOS module plans the model at build time with the same `llm-server plan` arguments as
 /// `cargo xtask image`, and both hold the profile to the result with the same rule
-/// (`Profile::check_plan`, which the module runs as `appliance check --plan`), so the two
+/// (`Profile::memory_limits`, which the module runs as `appliance memory --plan`), so the two
 /// builders check the same numbers.
 #[test]
 fn memory_plan_arguments_match() {
@@ -599,4 +599,149 @@ fn every_nix_file_parses() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The NixOS module's build step (modules/memory-script.nix, evaluated by Nix and run by bash
+/// with the real planner and the real `appliance`, as the derivation runs it) writes the server
+/// unit's memory drop-in and the plan where the Debian image installs them, word for word:
+/// `appliance memory` and `cargo xtask image` render both from `Profile::memory_limits`. A
+/// context the machine cannot hold fails the step with the reason and the planner's table.
+#[test]
+fn the_memory_drop_in_is_the_same_from_both_builders() {
+    let shipped = repo_root().join("appliance/profiles/e2-micro.toml");
+    let too_big = std::env::temp_dir().join(format!("nix-memory-{}.toml", std::process::id()));
+    std::fs::write(
+        &too_big,
+        std::fs::read_to_string(&shipped)
+            .unwrap()
+            .replacen("ctx_size = 4096", "ctx_size = 8192", 1)
+            .replacen("parallel = 2", "parallel = 4", 1),
+    )
+    .unwrap();
+    let model = test_support::appliance_model();
+    let run = |profile: &Path| {
+        let profile_values = Profile::load(profile).unwrap();
+        let s = &profile_values.server;
+        let out = nix_instantiate()
+            .args(["--eval", "--strict", "--json"])
+            .args(["--argstr", "root"])
+            .arg(repo_root())
+            .args(["--argstr", "server"])
+            .arg(test_support::llm_server_binary())
+            .args(["--argstr", "appliance", env!("CARGO_BIN_EXE_appliance")])
+            .args(["--argstr", "profile"])
+            .arg(profile)
+            .args(["--argstr", "model"])
+            .arg(&model)
+            .args(["--arg", "ctx", &s.ctx_size.to_string()])
+            .args(["--arg", "parallel", &s.parallel.to_string()])
+            .arg("--expr")
+            .arg(
+                "{ root, server, appliance, profile, model, ctx, parallel }:
+                 import (/. + root + \"/modules/memory-script.nix\") {
+                   inherit server appliance profile;
+                   planArgs = import (/. + root + \"/modules/plan-args.nix\") {
+                     inherit model parallel; contextSize = ctx;
+                   };
+                 }",
+            )
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let script: String = serde_json::from_slice(&out.stdout).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let result = Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(dir.path())
+            .env("out", dir.path().join("out"))
+            .output()
+            .unwrap();
+        (profile_values, dir, result)
+    };
+
+    let (profile, dir, result) = run(&shipped);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let out = dir.path().join("out");
+    let read = |p: &str| std::fs::read_to_string(out.join(p)).unwrap();
+    // NixOS links the package's lib/systemd/system/<dir>/<file> to /etc/systemd/system/<dir>/.
+    assert_eq!(
+        paths::MEMORY_DROPIN,
+        format!(
+            "/etc/systemd/system/{}",
+            paths::MEMORY_DROPIN_IN_PACKAGE
+                .strip_prefix("lib/systemd/system/")
+                .unwrap()
+        )
+    );
+    let dropin = read(paths::MEMORY_DROPIN_IN_PACKAGE);
+    let plan_json = read("share/llm-appliance/plan.json");
+    let plan = appliance::plan::ServerPlan::parse(&plan_json).unwrap();
+    // What `cargo xtask image` installs for the same plan.
+    let limits = profile.memory_limits(&plan).unwrap();
+    let debian = render::planned(&profile, &plan_json, &limits);
+    let file = |path: &str| &debian.iter().find(|f| f.path == path).unwrap().contents;
+    assert_eq!(&dropin, file(paths::MEMORY_DROPIN));
+    assert_eq!(&plan_json, file(paths::PLAN));
+    assert!(
+        dropin.ends_with(
+            "[Service]\nMemoryMin=96M\nMemoryLow=384M\nMemoryHigh=512M\nMemoryMax=576M\n"
+        ),
+        "{dropin}"
+    );
+
+    let (_, _dir, result) = run(&too_big);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(!result.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the model does not fit machine.ram_mib = 1024"),
+        "{stderr}"
+    );
+    // The planner's own table follows the reason.
+    assert!(stderr.contains("KV cache (anonymous)"), "{stderr}");
+    std::fs::remove_file(&too_big).unwrap();
+}
+
+/// The module gives the profile as a path: the step must name its copy in the store, which the
+/// builder's sandbox can read, not the path in the source tree. (`--readonly-mode` computes the
+/// store path without a store.)
+#[test]
+fn the_memory_step_reads_the_profile_from_the_store() {
+    let out = nix_instantiate()
+        .args(["--readonly-mode", "--eval", "--strict", "--json"])
+        .args(["--argstr", "root"])
+        .arg(repo_root())
+        .arg("--expr")
+        .arg(
+            "{ root }: import (/. + root + \"/modules/memory-script.nix\") {
+               server = \"/s/llm-server\"; appliance = \"/a/appliance\";
+               profile = /. + root + \"/appliance/profiles/e2-micro.toml\";
+               planArgs = [ \"plan\" \"--json\" ];
+             }",
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script: String = serde_json::from_slice(&out.stdout).unwrap();
+    let profile = script
+        .split("--profile '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .unwrap_or_else(|| panic!("no --profile in:\n{script}"));
+    assert!(
+        profile.starts_with("/nix/store/") && profile.ends_with("-e2-micro.toml"),
+        "{profile}"
+    );
 }

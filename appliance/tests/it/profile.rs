@@ -56,7 +56,7 @@ fn plan() -> ServerPlan {
 fn plan_error_of(text: &str, plan: &ServerPlan) -> String {
     Profile::parse(text, Path::new("test.toml"))
         .unwrap()
-        .check_plan(plan)
+        .memory_limits(plan)
         .expect_err("the plan should not fit")
         .to_string()
 }
@@ -64,11 +64,62 @@ fn plan_error_of(text: &str, plan: &ServerPlan) -> String {
 #[test]
 fn the_shipped_profile_holds_the_plan() {
     let p = Profile::parse(E2_MICRO, Path::new("e2-micro.toml")).unwrap();
-    p.check_plan(&plan()).unwrap();
+    let l = p.memory_limits(&plan()).unwrap();
+    // The shipped policy gives the limits the profile had when they were absolute.
+    assert_eq!(
+        (l.min_mib, l.low_mib, l.high_mib, l.max_mib),
+        (96, 384, 512, 576)
+    );
     // A store path (`<hash>-<file>`, as the NixOS module gives the planner) is the same model.
     let mut in_store = plan();
     in_store.model = "/nix/store/0123abcd-SmolLM2-135M-Instruct.Q4_1.gguf".into();
-    p.check_plan(&in_store).unwrap();
+    assert_eq!(p.memory_limits(&in_store).unwrap(), l);
+}
+
+/// Issue #44: a file a few MiB larger than the one the profile was written for builds, its
+/// limits following it; one the machine cannot hold is refused with the plan's figures.
+#[test]
+fn the_limits_follow_a_larger_file_and_a_file_that_cannot_fit_is_refused() {
+    let p = Profile::parse(E2_MICRO, Path::new("e2-micro.toml")).unwrap();
+    let mut larger = plan();
+    larger.weights_bytes += 4 << 20;
+    larger.total_bytes += 4 << 20;
+    let l = p.memory_limits(&larger).unwrap();
+    assert_eq!(
+        (l.min_mib, l.low_mib, l.high_mib, l.max_mib),
+        (100, 388, 516, 580)
+    );
+
+    // 1024 MiB of RAM: MemoryMax must stay below it. 3 + 39 MiB of margin and 32 for the
+    // process: a plan of 800 MiB gives MemoryMax 800 + 32 + 135 + 64 = 1031.
+    let mut huge = plan();
+    huge.weights_bytes = 600 << 20;
+    huge.total_bytes = 800 << 20;
+    let e = plan_error_of(E2_MICRO, &huge);
+    assert!(
+        e.contains("the model does not fit machine.ram_mib = 1024: MemoryMax would be 1031 MiB"),
+        "{e}"
+    );
+    assert!(
+        e.contains(
+            "the server's 832 MiB (weights 600 + KV cache 180 + scratch 54 + vocabulary 19 MiB \
+             as llm-server plans them, + 32 MiB for the process itself)"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("serve a smaller model or lower server.ctx_size"),
+        "{e}"
+    );
+    // 600 MiB of protected weights also blind earlyoom's 36 % kill line.
+    assert!(
+        e.contains(
+            "earlyoom.mem_kill_percent = 36 would never fire: MemAvailable counts the \
+                    server's protected 603 MiB"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("at least 69"), "{e}");
 }
 
 #[test]
@@ -146,44 +197,80 @@ fn ports_out_of_range_are_refused() {
 }
 
 #[test]
-fn limits_that_cannot_hold_the_model_are_refused_with_the_numbers() {
-    let text =
-        edited("high_mib = 512", "high_mib = 320").replacen("low_mib = 384", "low_mib = 320", 1);
-    let e = plan_error_of(&text, &plan());
-    assert!(e.contains("high_mib = 320 cannot hold the model"), "{e}");
+fn the_absolute_form_is_refused_with_the_relative_keys() {
+    let text = edited("min_over_weights_mib = 3", "min_mib = 96");
+    let e = error_of(&text);
     assert!(
-        e.contains(
-            "needs 377 MiB (weights 93 + KV cache 180 + scratch 54 + vocabulary 19 MiB as \
-             llm-server plans them, + 32 MiB for the process itself)"
-        ),
+        e.contains("gives [server.memory] as absolute limits (min_mib)"),
         "{e}"
     );
-    assert!(e.contains("lower server.ctx_size/server.parallel"), "{e}");
+    assert!(
+        e.contains("min_over_weights_mib (MemoryMin = weights + it)"),
+        "{e}"
+    );
+    assert!(
+        e.contains("high_over_need_mib (MemoryHigh = plan + 32 MiB"),
+        "{e}"
+    );
 }
 
 #[test]
-fn limits_must_protect_the_weights_and_be_ordered() {
-    let e = plan_error_of(&edited("min_mib = 96", "min_mib = 64"), &plan());
+fn bad_margins_are_refused_naming_the_key() {
+    let e = error_of(&edited("low_over_plan_mib = 39", "low_over_plan_mib = -1"));
+    assert!(e.contains("low_over_plan_mib"), "{e}");
+    let e = error_of(&edited(
+        "max_over_high_mib = 64",
+        "max_over_high_mib = \"64M\"",
+    ));
+    assert!(e.contains("max_over_high_mib"), "{e}");
+    let e = error_of(&edited("max_over_high_mib = 64", ""));
+    assert!(e.contains("missing field `max_over_high_mib`"), "{e}");
+    let e = error_of(&edited(
+        "min_over_weights_mib = 3",
+        "min_over_weights_mib = 1024",
+    ));
     assert!(
-        e.contains("min_mib = 64 does not protect the model's 93 MiB"),
+        e.contains("server.memory.min_over_weights_mib = 1024 is not below machine.ram_mib"),
         "{e}"
     );
-    let e = plan_error_of(&edited("low_mib = 384", "low_mib = 300"), &plan());
+    // Whatever the model, 32 + 135 + 900 MiB is more than the machine.
+    let e = error_of(&edited("max_over_high_mib = 64", "max_over_high_mib = 900"));
+    assert!(e.contains("MemoryMax would be at least 1067 MiB"), "{e}");
+    // MemoryLow would sit above MemoryHigh (the plan + 32 + 135).
+    let e = error_of(&edited("low_over_plan_mib = 39", "low_over_plan_mib = 200"));
     assert!(
-        e.contains("low_mib = 300 protects less than the server's 345 MiB plan"),
+        e.contains("low_over_plan_mib = 200 would put MemoryLow above MemoryHigh"),
         "{e}"
     );
-    let e = error_of(&edited("max_mib = 576", "max_mib = 500"));
+    // MemoryMin above MemoryLow shows only against a plan: of weights alone, 93 + 50 > 93 + 39.
+    let mut weights_only = plan();
+    weights_only.total_bytes = weights_only.weights_bytes;
+    let e = plan_error_of(
+        &edited("min_over_weights_mib = 3", "min_over_weights_mib = 50"),
+        &weights_only,
+    );
     assert!(
-        e.contains("min_mib <= low_mib <= high_mib <= max_mib"),
+        e.contains("puts MemoryMin (143 MiB) above MemoryLow (132 MiB"),
         "{e}"
     );
 }
 
 #[test]
 fn earlyoom_thresholds_below_the_protected_share_are_refused() {
+    // On load, against the least MemoryMin can be (the margin alone): (3 + 102) / 1024.
     let e = error_of(&edited("mem_kill_percent = 36", "mem_kill_percent = 10"));
     assert!(e.contains("mem_kill_percent = 10 would never fire"), "{e}");
+    assert!(e.contains("whatever the model"), "{e}");
+    assert!(e.contains("at least 11"), "{e}");
+    // At build time, against the resolved MemoryMin: (93 + 3 + 102) / 1024.
+    let e = plan_error_of(
+        &edited("mem_kill_percent = 36", "mem_kill_percent = 15"),
+        &plan(),
+    );
+    assert!(
+        e.contains("protected 96 MiB (MemoryMin: the model's 93 MiB of weights"),
+        "{e}"
+    );
     assert!(e.contains("at least 20"), "{e}");
     let e = error_of(&edited(
         r#"prefer = ["apt""#,
@@ -354,14 +441,14 @@ fn absurd_sizes_are_errors_not_panics() {
             "more than 1073741824 MiB",
         ),
         (
-            "min_mib = 96",
-            "min_mib = 18446744073709551615",
-            "min_mib <= low_mib",
+            "min_over_weights_mib = 3",
+            "min_over_weights_mib = 18446744073709551615",
+            "min_over_weights_mib = 18446744073709551615 is not below",
         ),
         (
-            "max_mib = 576",
-            "max_mib = 18446744073709551615",
-            "leaves nothing",
+            "max_over_high_mib = 64",
+            "max_over_high_mib = 18446744073709551615",
+            "max_over_high_mib = 18446744073709551615 is not below",
         ),
         (
             "headroom_mib = 512",

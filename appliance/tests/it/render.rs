@@ -89,6 +89,43 @@ fn assert_lines(text: &str, lines: &[&str]) {
     }
 }
 
+/// The memory limits depend on the model file, so they are not in the unit but in its drop-in,
+/// resolved from the plan the image builder made; the plan goes to the box for the doctor.
+#[test]
+fn the_memory_limits_are_a_drop_in_resolved_from_the_plan() {
+    let unit = rendered("/etc/systemd/system/llm-server.service").contents;
+    for limit in ["MemoryMin=", "MemoryLow=", "MemoryHigh=", "MemoryMax="] {
+        assert!(!unit.lines().any(|l| l.starts_with(limit)), "{unit}");
+    }
+    let profile = Profile::load(&test_support::default_profile()).unwrap();
+    let plan_json = format!(
+        r#"{{"model": "/m/{}", "ctx_size": 4096, "parallel": 2, "weights_bytes": 96576768,
+        "kv_cache_bytes": 188743680, "scratch_bytes": 56404480, "vocabulary_bytes": 19243607,
+        "total_bytes": 360968535}}"#,
+        profile.model.file
+    );
+    let plan = appliance::plan::ServerPlan::parse(&plan_json).unwrap();
+    let limits = profile.memory_limits(&plan).unwrap();
+    let files = render::planned(&profile, &plan_json, &limits);
+    let paths: Vec<&str> = files.iter().map(|f| f.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "/etc/llm-appliance/plan.json",
+            "/etc/systemd/system/llm-server.service.d/memory.conf"
+        ]
+    );
+    assert_eq!(files[0].contents, plan_json);
+    let dropin = &files[1].contents;
+    assert!(dropin.starts_with("# Rendered by `appliance memory` from the profile `e2-micro`"));
+    assert!(
+        dropin.ends_with(
+            "\n[Service]\nMemoryMin=96M\nMemoryLow=384M\nMemoryHigh=512M\nMemoryMax=576M\n"
+        ),
+        "{dropin}"
+    );
+}
+
 #[test]
 fn server_unit() {
     let unit = rendered("/etc/systemd/system/llm-server.service").contents;
@@ -114,10 +151,6 @@ fn server_unit() {
             "TimeoutStartSec=600",
             "WatchdogSec=120",
             "OOMScoreAdjust=-900",
-            "MemoryMin=96M",
-            "MemoryLow=384M",
-            "MemoryHigh=512M",
-            "MemoryMax=576M",
             "DynamicUser=yes",
             "StateDirectory=llm-server",
             "ProtectSystem=strict",

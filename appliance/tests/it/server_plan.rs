@@ -59,7 +59,7 @@ fn the_json_plan_is_the_planners_and_the_shipped_profile_holds_it() {
         planner.weights_bytes >> 20,
         planner.anonymous_bytes() >> 20
     );
-    profile.check_plan(&json).unwrap();
+    profile.memory_limits(&json).unwrap();
 }
 
 #[test]
@@ -70,8 +70,11 @@ fn a_context_and_slots_far_too_large_for_the_box_are_refused() {
         .replacen("parallel = 2", "parallel = 8", 1);
     let profile = Profile::parse(&text, Path::new("big.toml")).unwrap();
     let plan = server_plan(&test_support::appliance_model(), 32768, 8);
-    let e = profile.check_plan(&plan).unwrap_err().to_string();
-    assert!(e.contains("high_mib = 512 cannot hold the model"), "{e}");
+    let e = profile.memory_limits(&plan).unwrap_err().to_string();
+    assert!(
+        e.contains("the model does not fit machine.ram_mib = 1024"),
+        "{e}"
+    );
     assert!(e.contains("lower server.ctx_size/server.parallel"), "{e}");
 }
 

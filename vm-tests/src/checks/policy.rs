@@ -26,8 +26,10 @@ pub fn run(ssh: &Ssh, profile: &Profile) -> Result<String> {
          echo '## sysctl'; cat {}
          echo '## earlyoom'; tr '\\0' '\\n' < /proc/$(pgrep -xo earlyoom)/cmdline
          echo '## unit'; systemctl show llm-server -p {UNIT_PROPERTIES}
+         echo '## plan'; cat {plan}
          echo '## doctor'; appliance doctor --json",
-        sysctl_paths.join(" ")
+        sysctl_paths.join(" "),
+        plan = appliance::paths::PLAN,
     );
     let out = ssh.run(&script)?.stdout;
     let parts = sections(&out);
@@ -77,7 +79,11 @@ pub fn run(ssh: &Ssh, profile: &Profile) -> Result<String> {
     }
 
     let unit = properties(section(&parts, "unit")?);
-    let m = &profile.server.memory;
+    // The limits are the profile's policy resolved against the plan the image builder made of
+    // the model and installed beside the profile.
+    let plan =
+        appliance::plan::ServerPlan::parse(section(&parts, "plan")?).context("the image's plan")?;
+    let m = profile.memory_limits(&plan)?;
     for (key, want) in [
         ("MemoryMin", (m.min_mib * MIB).to_string()),
         ("MemoryLow", (m.low_mib * MIB).to_string()),

@@ -96,7 +96,31 @@ fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     let plan = ServerPlan::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
-    profile.check_plan(&plan).unwrap();
+    let limits = profile.memory_limits(&plan).unwrap();
+    assert_eq!(
+        (
+            limits.min_mib,
+            limits.low_mib,
+            limits.high_mib,
+            limits.max_mib
+        ),
+        (676, 818, 856, 904),
+        "the limits the profile was sized at"
+    );
+    // llama.cpp's own quantiser, given these shapes (ftype IQ4_XS), bumps some tensors: its file
+    // plans 711634432 bytes of weights and 859125606 in all. The limits follow it, but 679 MiB
+    // of protected weights need earlyoom's kill line at 77 %, which the profile does not give
+    // (its idle box has no room for the term line and headroom that follow).
+    let mut quantised = plan.clone();
+    quantised.weights_bytes = 711_634_432;
+    quantised.total_bytes = 859_125_606;
+    let e = profile.memory_limits(&quantised).unwrap_err().to_string();
+    assert!(
+        e.contains("earlyoom.mem_kill_percent = 76 would never fire")
+            && e.contains("protected 679 MiB")
+            && e.contains("at least 77"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
