@@ -4,7 +4,8 @@
     bench/golden_chat.py MODEL CASES.json OUT.golden.json
 
 CASES holds `tokenize` texts and `chats` (name + OpenAI-style messages). Each chat is rendered
-with the model's own `tokenizer.chat_template` (generation prompt added), evaluated by llama.cpp
+with the model's own `tokenizer.chat_template` (generation prompt added), or CASES' `template`
+for a model without one (a base model read in its family's turn format), evaluated by llama.cpp
 (llama-cpp-python, 1 thread, n_ctx 1024, n_batch 512, the golden files' settings): the greedy
 continuation (prompt in one batch, then one token at a time, until an end-of-generation token or
 `n_predict`), then the top logits at every position of prompt + greedy minus its last token, fed
@@ -25,7 +26,8 @@ def main():
     llm = llama_cpp.Llama(model_path=model, n_ctx=1024, n_batch=512, logits_all=True,
                           verbose=False, n_threads=1)
     vocab = llm._model.vocab
-    template = jinja2.Environment().from_string(llm.metadata["tokenizer.chat_template"])
+    source = llm.metadata.get("tokenizer.chat_template") or cases["template"]
+    template = jinja2.Environment().from_string(source)
     tok = lambda text: llm.tokenize(text.encode(), add_bos=True, special=True)
     golden = {
         "model": model.rsplit("/", 1)[-1],

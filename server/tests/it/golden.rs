@@ -251,6 +251,16 @@ fn default_model_gemma3_270m() {
     check(&test_support::default_model(), &golden, 2);
 }
 
+/// Real weights over a long context: a 635-token conversation in Gemma's turn format, past the
+/// model's 512-token sliding window, so the local layers' window and the global layers' full
+/// attention are both held to llama.cpp on real activations (the other golden prompts end
+/// within 112 positions).
+#[test]
+fn default_model_gemma3_270m_beyond_its_sliding_window() {
+    let golden = test_support::testdata("gemma-3-270m-q4_k_m-long.golden.json");
+    check(&test_support::default_model(), &golden, 2);
+}
+
 /// Real instruct weights (issue 44): outlier features that random weights lack amplify a
 /// last-bit difference into logit errors of tenths. Whole ChatML transcripts, one of them
 /// multi-turn (145 tokens).
