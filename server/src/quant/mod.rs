@@ -130,7 +130,7 @@ pub enum DotOrder {
     /// No order to keep: the matrix's outputs are final (the output matrix, whose results are
     /// the logits), so a rounding difference goes nowhere but into them, where the golden rule
     /// (testdata/README.md) bounds it. Single activation rows take the formats' four-row
-    /// kernels ([`Kernels::dot_4rows`](format::Kernels::dot_4rows)); otherwise as vec_dot.
+    /// kernels ([`Kernels::dot_4x1`](format::Kernels::dot_4x1)); otherwise as vec_dot.
     /// Every other matmul keeps llama.cpp's order: each layer's outputs are quantised again
     /// for the next matmul, and on the default model a last-bit difference there grows into
     /// logit errors of 0.8 (measured with the four-row kernels on every Q5_0/Q8_0 matrix).
@@ -182,7 +182,7 @@ fn quantize_act<W: WeightRow>(x: &[f32], out: &mut [u8]) {
 pub fn vec_dot(w: GgmlType, order: DotOrder, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
     check_row_len("vec_dot (weights)", w, n, w_row.len());
     check_row_len("vec_dot (activations)", vec_dot_type(w), n, act.len());
-    with_isa!(I => with_weight!(w, W => <W as Kernels<I>>::dot(blocks(w_row), blocks(act), order)))
+    with_isa!(I => with_weight!(w, W => <W as Kernels<I>>::dot_1x1(blocks(w_row), blocks(act), order)))
 }
 
 /// [`vec_dot`] by the scalar reference (the definition; one float order).
@@ -216,7 +216,7 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
     }))
 }
 
-/// The rows of [`dot_rows`] by the format's own mat-vec ([`Kernels::gemv_rows`]) as far as it
+/// The rows of [`dot_rows`] by the format's own mat-vec ([`Kernels::rows_x1`]) as far as it
 /// goes, the rest by [`rows_4_of`].
 #[inline(always)]
 fn gemv_of<W: Kernels<I>, I: Isa>(
@@ -226,7 +226,7 @@ fn gemv_of<W: Kernels<I>, I: Isa>(
     act: &[ActBlock<W>],
     out: &mut [f32],
 ) {
-    let done = W::gemv_rows(rows, row_bytes, act, order, out);
+    let done = W::rows_x1(rows, row_bytes, act, order, out);
     rows_4_of::<W, I>(
         order,
         row_bytes,
@@ -237,10 +237,10 @@ fn gemv_of<W: Kernels<I>, I: Isa>(
 }
 
 /// The rows of [`dot_rows`], four at a time through the format's four-row kernel
-/// ([`Kernels::dot_4rows`]), which shares the activation's loads; the last `len % 4` rows one by
+/// ([`Kernels::dot_4x1`]), which shares the activation's loads; the last `len % 4` rows one by
 /// one. In [`DotOrder::Free`] a row's result depends on its index only, not on how a matmul
 /// splits the rows, as long as the split is into multiples of four; in the other orders every
-/// row is its own [`Kernels::dot`].
+/// row is its own [`Kernels::dot_1x1`].
 #[inline(always)]
 fn rows_4_of<W: Kernels<I>, I: Isa>(
     order: DotOrder,
@@ -258,10 +258,10 @@ fn rows_4_of<W: Kernels<I>, I: Isa>(
             prefetch(ahead);
         }
         let row = |k: usize| blocks::<W::Block>(&quad[k * row_bytes..(k + 1) * row_bytes]);
-        o.copy_from_slice(&W::dot_4rows([row(0), row(1), row(2), row(3)], act, order));
+        o.copy_from_slice(&W::dot_4x1([row(0), row(1), row(2), row(3)], act, order));
     }
     for (row, o) in rest.chunks_exact(row_bytes).zip(outs.into_remainder()) {
-        *o = W::dot(blocks(row), act, order);
+        *o = W::dot_1x1(blocks(row), act, order);
     }
 }
 
@@ -317,7 +317,7 @@ fn prefetch_lines<const HINT: i32>(bytes: &[u8]) {
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`, by the
-/// format's [`Kernels::dot_x4_rows`]: its four-row kernel ([`Kernels::dot_x4`]) row by row,
+/// format's [`Kernels::rows_x4`]: its four-row kernel ([`Kernels::dot_1x4`]) row by row,
 /// or, for the 32-value formats, a kernel tiled over all the rows that converts the activation
 /// scales once. In the vec_dot and tiled orders results are bit-identical to four [`dot_rows`]
 /// calls; repacked, they follow llama.cpp's gemm, which for Q4_K sums in another order than its
@@ -350,7 +350,7 @@ pub fn dot_rows_x4(
 /// [`dot_rows_x4`] for eight activation rows at once, `outs[k]` bit-identical to what
 /// `dot_rows_x4` gives for row k in its group of four (0..4 or 4..8), in every order: prefill
 /// reads and unpacks each weight block once for eight activation rows where the format can
-/// ([`Kernels::dot_x8_rows`]).
+/// ([`Kernels::rows_x8`]).
 pub fn dot_rows_x8(
     w: GgmlType,
     order: DotOrder,
@@ -384,7 +384,7 @@ fn rows_x8_of<W: Kernels<I>, I: Isa>(
     acts: [&[u8]; 8],
     outs: [&mut [f32]; 8],
 ) {
-    W::dot_x8_rows(
+    W::rows_x8(
         rows,
         row_bytes,
         acts.map(blocks::<ActBlock<W>>),
@@ -401,7 +401,7 @@ fn rows_x4_of<W: Kernels<I>, I: Isa>(
     acts: [&[u8]; 4],
     outs: [&mut [f32]; 4],
 ) {
-    W::dot_x4_rows(
+    W::rows_x4(
         rows,
         row_bytes,
         acts.map(blocks::<ActBlock<W>>),
@@ -414,7 +414,7 @@ fn rows_x4_of<W: Kernels<I>, I: Isa>(
 /// micro-batch, as llama.cpp's matmul groups them (eights and fours from the first, the rest
 /// one by one, which matters where its gemm and gemv orders differ): each output is
 /// bit-identical to what [`dot_rows_x8`], [`dot_rows_x4`] and [`dot_rows`] give it. Formats with
-/// a kernel for the whole batch ([`Kernels::dot_batch_rows`]: Q4_0, IQ4_NL and Q4_K repacked,
+/// a kernel for the whole batch ([`Kernels::rows_xbatch`]: Q4_0, IQ4_NL and Q4_K repacked,
 /// IQ4_XS tiled, Q6_K tiled under VNNI) take it; the others go through those groups.
 ///
 /// Panics as [`dot_rows_multi`] does.
@@ -444,7 +444,7 @@ pub fn dot_rows_batch(
     );
     let whole = with_isa!(I => with_weight!(w, W => {
         let acts: SmallVec<[&[ActBlock<W>]; 32]> = acts.iter().map(|a| blocks(a)).collect();
-        <W as Kernels<I>>::dot_batch_rows(rows, row_bytes, &acts, order, outs)
+        <W as Kernels<I>>::rows_xbatch(rows, row_bytes, &acts, order, outs)
     }));
     if whole {
         return;
@@ -472,8 +472,8 @@ pub fn dot_rows_batch(
 /// `dot_rows(w, order, n, rows, acts[t], outs[t])` for every t and every order, so a stream's
 /// results do not depend on what it is batched with. Activation rows go in groups of up to
 /// four; in each group every weight block is read and unpacked once for all of them (by
-/// [`Kernels::dot_n`] and [`Kernels::dot_4rows_n`] where the format has its own, by one
-/// [`Kernels::dot`] per row elsewhere), which is what makes a second stream cheap.
+/// [`Kernels::dot_1xn`] and [`Kernels::dot_4xn`] where the format has its own, by one
+/// [`Kernels::dot_1x1`] per row elsewhere), which is what makes a second stream cheap.
 ///
 /// Panics when `acts` and `outs` differ in length or a row does not hold `n` values (a caller
 /// bug, as for [`dot_rows`]).
@@ -530,7 +530,7 @@ fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(
 }
 
 /// [`dot_rows`]'s loop in the orders other than free for `N` activation rows, row by row (each
-/// row's results are its [`Kernels::dot`]s, as [`rows_4_of`]'s are).
+/// row's results are its [`Kernels::dot_1x1`]s, as [`rows_4_of`]'s are).
 #[inline(always)]
 fn rows_n_of<W: Kernels<I>, I: Isa, const N: usize>(
     order: DotOrder,
@@ -545,7 +545,7 @@ fn rows_n_of<W: Kernels<I>, I: Isa, const N: usize>(
         {
             prefetch(ahead);
         }
-        for (o, v) in outs.iter_mut().zip(W::dot_n(blocks(row), acts, order)) {
+        for (o, v) in outs.iter_mut().zip(W::dot_1xn(blocks(row), acts, order)) {
             o[i] = v;
         }
     }
@@ -562,7 +562,7 @@ fn rows_4_n_of<W: Kernels<I>, I: Isa, const N: usize>(
 ) {
     let order = DotOrder::Free;
     // The format's own mat-vec first, as far as it goes (whole quads).
-    let done = W::gemv_rows_n(rows, row_bytes, acts, outs);
+    let done = W::rows_xn(rows, row_bytes, acts, outs);
     let quads = rows.chunks_exact(4 * row_bytes);
     let rest = quads.remainder();
     let n_quads = rows.len() / (4 * row_bytes);
@@ -572,14 +572,14 @@ fn rows_4_n_of<W: Kernels<I>, I: Isa, const N: usize>(
             prefetch(ahead);
         }
         let row = |k: usize| blocks::<W::Block>(&quad[k * row_bytes..(k + 1) * row_bytes]);
-        let got = W::dot_4rows_n([row(0), row(1), row(2), row(3)], acts, order);
+        let got = W::dot_4xn([row(0), row(1), row(2), row(3)], acts, order);
         for (o, v) in outs.iter_mut().zip(got) {
             o[4 * q..4 * q + 4].copy_from_slice(&v);
         }
     }
     for (r, row) in rest.chunks_exact(row_bytes).enumerate() {
         let i = 4 * n_quads + r;
-        for (o, v) in outs.iter_mut().zip(W::dot_n(blocks(row), acts, order)) {
+        for (o, v) in outs.iter_mut().zip(W::dot_1xn(blocks(row), acts, order)) {
             o[i] = v;
         }
     }

@@ -533,7 +533,7 @@ proptest! {
 }
 
 /// The weight types llama.cpp repacks (on a matrix whose rows come in groups of 8).
-/// The formats whose [`Kernels::dot_4rows`](super::format::Kernels::dot_4rows) is their own,
+/// The formats whose [`Kernels::dot_4x1`](super::format::Kernels::dot_4x1) is their own,
 /// summing in another order than their vec_dot (in [`DotOrder::Free`] only).
 const FOUR_ROW_KERNELS: &[GgmlType] = &[GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0];
 

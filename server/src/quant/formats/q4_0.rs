@@ -104,7 +104,7 @@ avx2! {
 
         /// [`panel::rows`]: the repacked order as a GEMM with weight rows in the lanes.
         #[inline]
-        fn dot_batch_rows(
+        fn rows_xbatch(
             rows: &[u8],
             row_bytes: usize,
             acts: &[&[BlockQ8_0]],
@@ -115,11 +115,11 @@ avx2! {
         }
 
         /// Repacked, [`gemv_nibbles::rows`], eight rows at a time; otherwise
-        /// [`Kernels::dot_4rows`]' kernels quad by quad, each requesting the next as it goes
+        /// [`Kernels::dot_4x1`]' kernels quad by quad, each requesting the next as it goes
         /// ([`block32::rows_ahead`]). (Not eight rows where the order is free: there several
-        /// activation rows take `dot_4rows_n`, whose order a single row must share.)
+        /// activation rows take `dot_4xn`, whose order a single row must share.)
         #[inline]
-        fn gemv_rows(
+        fn rows_x1(
             rows: &[u8],
             row_bytes: usize,
             a: &[BlockQ8_0],
@@ -148,7 +148,7 @@ avx2! {
         /// [`block32::free_rows_n`]: the free order's quads for a batch of streams, each
         /// requesting the next as it goes.
         #[inline]
-        fn gemv_rows_n<const N: usize>(
+        fn rows_xn<const N: usize>(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8_0]; N],
@@ -160,7 +160,7 @@ avx2! {
         }
 
         #[inline]
-        fn dot(w: &[BlockQ4_0], a: &[BlockQ8_0], order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockQ4_0], a: &[BlockQ8_0], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
             // inside the blocks borrowed from `w` and `a`.
             unsafe {
@@ -172,8 +172,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockQ4_0], a: [&[BlockQ8_0]; 4], order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1x4(w: &[BlockQ4_0], a: [&[BlockQ8_0]; 4], order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe {
                 match order {
@@ -184,8 +184,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_4rows(w: [&[BlockQ4_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot`; the kernels check the rows' lengths.
+        fn dot_4x1(w: [&[BlockQ4_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot_1x1`; the kernels check the rows' lengths.
             unsafe {
                 match order {
                     DotOrder::Free => block32::vec_dot_4rows::<I, _>(w, a),
@@ -196,8 +196,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_n<const N: usize>(w: &[BlockQ4_0], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1xn<const N: usize>(w: &[BlockQ4_0], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe {
                 match order {
@@ -208,12 +208,12 @@ avx2! {
         }
 
         #[inline]
-        fn dot_4rows_n<const N: usize>(
+        fn dot_4xn<const N: usize>(
             w: [&[BlockQ4_0]; 4],
             a: [&[BlockQ8_0]; N],
             _order: DotOrder,
         ) -> [[f32; 4]; N] {
-            // SAFETY: as in `dot`; the kernel checks the rows' lengths.
+            // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
             unsafe { block32::vec_dot_4rows_n::<I, _, _>(w, a) }
         }
     }
