@@ -87,16 +87,16 @@ pub trait Weight: WeightRow {
 /// | `dot_1x1`     | 1 x 1 | `vec_dot`; rows left over by the others          | llama.cpp's `order` (vec_dot's for an order the row lacks)  | none: every format writes it      |
 /// | `dot_1x4`     | 1 x 4 | `rows_x4`'s default                              | exact, but repacked: llama.cpp's gemm                       | none ([`dot_1x4_by_1x1`] to use)  |
 /// | `dot_1xn`     | 1 x N | `dot_rows_multi`; `rows_x8`'s default            | exact in every order                                        | N `dot_1x1`s                      |
-/// | `dot_4x1`     | 4 x 1 | `dot_rows` (quads `rows_x1` left)                | free: the format's own; other orders exact                  | four `dot_1x1`s                   |
-/// | `dot_4xn`     | 4 x N | `dot_rows_multi` in the free order               | `result[t]` = `dot_4x1(w, a[t], Free)`                      | four `dot_1xn`s                   |
-/// | `rows_x1`     | R x 1 | `dot_rows`                                       | each output `dot_4x1`'s                                     | writes no row                     |
+/// | `dot_4xn`     | 4 x N | `dot_rows` (N = 1, quads `rows_x1` left); `dot_rows_multi` (free) | free: the format's own, the same for every N; others exact | [`dot_4xn_by_rows`] |
+/// | `rows_x1`     | R x 1 | `dot_rows`                                       | each output `dot_4xn`'s                                     | writes no row                     |
 /// | `rows_xn`     | R x N | `dot_rows_multi` in the free order               | each output `dot_4xn`'s                                     | writes no row                     |
 /// | `rows_x4`     | R x 4 | `dot_rows_x4`                                    | each output `dot_1x4`'s                                     | [`rows_x4_by_row`]                |
 /// | `rows_x8`     | R x 8 | `dot_rows_x8`                                    | each output what `rows_x4` gives it in its group of four    | [`rows_x8_by_row`]                |
 /// | `rows_xbatch` | R x T | `dot_rows_batch`                                 | each output what the groups of 8 and 4 and single rows give | declines (returns false)          |
 ///
-/// N is 2..=4 (`dot_1xn` also 8, for `rows_x8`); in `dot_rows_multi` the free order's quads
-/// must give each stream what `dot_rows` alone gives it, hence `dot_4xn`'s contract.
+/// N is 2..=4 (`dot_1xn` also 8, for `rows_x8`; `dot_4xn` also 1). Four weight rows by one
+/// activation row is `dot_4xn` with N = 1 rather than a method of its own, so the free order's
+/// quads in `dot_rows_multi` give each stream what `dot_rows` alone gives it by construction.
 pub trait Kernels<I: Isa = Avx2>: Weight {
     /// [`Weight::dot_ref`] in llama.cpp's float order `order`; an order the row does not list
     /// is vec_dot's.
@@ -152,7 +152,7 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
     }
     /// Decode's mat-vec over consecutive weight rows by a kernel of the format's own that
     /// computes several rows together: `out[i]` = row i · `a` in `order`, each output what
-    /// [`Kernels::dot_4x1`] gives it. Returns how many of the first rows it wrote (whole
+    /// [`Kernels::dot_4xn`] gives it for one activation row. Returns how many of the first rows it wrote (whole
     /// groups); the default writes none, and [`dot_rows`](super::dot_rows) takes the rest four
     /// rows at a time.
     #[inline(always)]
@@ -178,14 +178,6 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
     ) -> usize {
         0
     }
-    /// Four weight rows (of equal length) against one activation row: decode's mat-vec. In
-    /// [`DotOrder::Free`] a format that overrides it may sum in its own float order; in every
-    /// other order each result must be bit-identical to [`Kernels::dot_1x1`] (so a format shares
-    /// the activation's loads and the rows' scale conversions, but keeps each row's chain).
-    #[inline(always)]
-    fn dot_4x1(w: [&[Self::Block]; 4], a: &[ActBlock<Self>], order: DotOrder) -> [f32; 4] {
-        w.map(|w| Self::dot_1x1(w, a, order))
-    }
     /// One weight row against `N` (2..=4) activation rows, result t bit-identical to
     /// `dot_1x1(w, a[t], order)` in every order: what [`dot_rows_multi`](super::dot_rows_multi)
     /// runs. A format that overrides it unpacks each weight block once for all `N` rows and
@@ -198,18 +190,21 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
     ) -> [f32; N] {
         a.map(|a| Self::dot_1x1(w, a, order))
     }
-    /// Four weight rows against `N` activation rows, `result[t]` bit-identical to
-    /// `dot_4x1(w, a[t], order)` ([`DotOrder::Free`] only). The default is right for a format
-    /// whose `dot_4x1` is the default (four dots); one that overrides `dot_4x1` must
-    /// override this too (the property tests hold every format to it).
+    /// Four weight rows (of equal length) against `N` (1..=4) activation rows: decode's
+    /// mat-vec (N = 1) and a batch of decode streams (N > 1, free order only). In
+    /// [`DotOrder::Free`] a format that overrides it may sum in its own float order, the same
+    /// for every N (so a stream's results do not depend on what it is batched with); in every
+    /// other order each result must be bit-identical to [`Kernels::dot_1x1`] (so a format
+    /// shares the activation's loads and the rows' scale conversions, but keeps each row's
+    /// chain). One method for both, so a format cannot give one row and several rows different
+    /// orders by overriding only one of them.
     #[inline(always)]
     fn dot_4xn<const N: usize>(
         w: [&[Self::Block]; 4],
         a: [&[ActBlock<Self>]; N],
         order: DotOrder,
     ) -> [[f32; 4]; N] {
-        let per_row = w.map(|w| Self::dot_1xn(w, a, order));
-        std::array::from_fn(|t| per_row.map(|r| r[t]))
+        dot_4xn_by_rows::<Self, I, N>(w, a, order)
     }
 }
 
@@ -237,6 +232,23 @@ pub fn dot_1x4_by_1x1<W: Kernels<I>, I: Isa>(
     order: DotOrder,
 ) -> [f32; 4] {
     a.map(|a| W::dot_1x1(w, a, order))
+}
+
+/// [`Kernels::dot_4xn`] for formats without a four-row kernel, or in the orders theirs does not
+/// cover: each weight row's [`Kernels::dot_1x1`] for one activation row, its
+/// [`Kernels::dot_1xn`] (which unpacks each weight block once for all) for several.
+#[inline(always)]
+pub fn dot_4xn_by_rows<W: Kernels<I> + ?Sized, I: Isa, const N: usize>(
+    w: [&[W::Block]; 4],
+    a: [&[ActBlock<W>]; N],
+    order: DotOrder,
+) -> [[f32; 4]; N] {
+    if N == 1 {
+        std::array::from_fn(|t| w.map(|w| W::dot_1x1(w, a[t], order)))
+    } else {
+        let per_row = w.map(|w| W::dot_1xn(w, a, order));
+        std::array::from_fn(|t| per_row.map(|r| r[t]))
+    }
 }
 
 /// [`Kernels::rows_x4`] as one [`Kernels::dot_1x4`] per row (the default, and the fallback of

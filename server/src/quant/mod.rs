@@ -130,7 +130,7 @@ pub enum DotOrder {
     /// No order to keep: the matrix's outputs are final (the output matrix, whose results are
     /// the logits), so a rounding difference goes nowhere but into them, where the golden rule
     /// (testdata/README.md) bounds it. Single activation rows take the formats' four-row
-    /// kernels ([`Kernels::dot_4x1`](format::Kernels::dot_4x1)); otherwise as vec_dot.
+    /// kernels ([`Kernels::dot_4xn`](format::Kernels::dot_4xn)); otherwise as vec_dot.
     /// Every other matmul keeps llama.cpp's order: each layer's outputs are quantised again
     /// for the next matmul, and on the default model a last-bit difference there grows into
     /// logit errors of 0.8 (measured with the four-row kernels on every Q5_0/Q8_0 matrix).
@@ -237,7 +237,7 @@ fn gemv_of<W: Kernels<I>, I: Isa>(
 }
 
 /// The rows of [`dot_rows`], four at a time through the format's four-row kernel
-/// ([`Kernels::dot_4x1`]), which shares the activation's loads; the last `len % 4` rows one by
+/// ([`Kernels::dot_4xn`] with one activation row), which shares the activation's loads; the last `len % 4` rows one by
 /// one. In [`DotOrder::Free`] a row's result depends on its index only, not on how a matmul
 /// splits the rows, as long as the split is into multiples of four; in the other orders every
 /// row is its own [`Kernels::dot_1x1`].
@@ -258,7 +258,8 @@ fn rows_4_of<W: Kernels<I>, I: Isa>(
             prefetch(ahead);
         }
         let row = |k: usize| blocks::<W::Block>(&quad[k * row_bytes..(k + 1) * row_bytes]);
-        o.copy_from_slice(&W::dot_4x1([row(0), row(1), row(2), row(3)], act, order));
+        let [got] = W::dot_4xn([row(0), row(1), row(2), row(3)], [act], order);
+        o.copy_from_slice(&got);
     }
     for (row, o) in rest.chunks_exact(row_bytes).zip(outs.into_remainder()) {
         *o = W::dot_1x1(blocks(row), act, order);

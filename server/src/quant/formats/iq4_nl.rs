@@ -45,7 +45,7 @@ impl Weight for Iq4Nl {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::Kernels;
+    use crate::quant::format::{dot_4xn_by_rows, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::blocks::f16_to_f32;
     use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
@@ -264,13 +264,17 @@ avx2! {
             }
         }
 
-        /// Repacked, [`block32::repacked_4rows`]; otherwise four [`Kernels::dot_1x1`]s.
+        /// Repacked, [`block32::repacked_4rows`] per activation row; otherwise each row's own dots.
         #[inline]
-        fn dot_4x1(w: [&[BlockIq4Nl]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
+        fn dot_4xn<const N: usize>(
+            w: [&[BlockIq4Nl]; 4],
+            a: [&[BlockQ8_0]; N],
+            order: DotOrder,
+        ) -> [[f32; 4]; N] {
             match order {
                 // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
-                DotOrder::Repacked => unsafe { block32::repacked_4rows::<I, _>(w, a) },
-                _ => w.map(|w| <Self as Kernels<I>>::dot_1x1(w, a, order)),
+                DotOrder::Repacked => std::array::from_fn(|t| unsafe { block32::repacked_4rows::<I, _>(w, a[t]) }),
+                _ => dot_4xn_by_rows::<Self, I, N>(w, a, order),
             }
         }
 

@@ -115,7 +115,7 @@ avx2! {
         }
 
         /// Repacked, [`gemv_nibbles::rows`], eight rows at a time; otherwise
-        /// [`Kernels::dot_4x1`]' kernels quad by quad, each requesting the next as it goes
+        /// [`Kernels::dot_4xn`]' kernels quad by quad, each requesting the next as it goes
         /// ([`block32::rows_ahead`]). (Not eight rows where the order is free: there several
         /// activation rows take `dot_4xn`, whose order a single row must share.)
         #[inline]
@@ -184,18 +184,6 @@ avx2! {
         }
 
         #[inline]
-        fn dot_4x1(w: [&[BlockQ4_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot_1x1`; the kernels check the rows' lengths.
-            unsafe {
-                match order {
-                    DotOrder::Free => block32::vec_dot_4rows::<I, _>(w, a),
-                    DotOrder::Repacked => block32::repacked_4rows::<I, _>(w, a),
-                    _ => block32::vec_dot_4rows_exact::<I, _>(w, a),
-                }
-            }
-        }
-
-        #[inline]
         fn dot_1xn<const N: usize>(w: &[BlockQ4_0], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
             // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
@@ -207,14 +195,24 @@ avx2! {
             }
         }
 
+        /// Free, [`block32::vec_dot_4rows_n`] (one pass over the weights for all N activation
+        /// rows, summing as [`block32::vec_dot_4rows`] does for one); otherwise each row's exact
+        /// chain.
         #[inline]
         fn dot_4xn<const N: usize>(
             w: [&[BlockQ4_0]; 4],
             a: [&[BlockQ8_0]; N],
-            _order: DotOrder,
+            order: DotOrder,
         ) -> [[f32; 4]; N] {
-            // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows_n::<I, _, _>(w, a) }
+            // SAFETY: as in `dot_1x1`; the kernels check the rows' lengths.
+            unsafe {
+                match order {
+                    DotOrder::Free if N == 1 => std::array::from_fn(|t| block32::vec_dot_4rows::<I, _>(w, a[t])),
+                    DotOrder::Free => block32::vec_dot_4rows_n::<I, _, _>(w, a),
+                    DotOrder::Repacked => std::array::from_fn(|t| block32::repacked_4rows::<I, _>(w, a[t])),
+                    _ => std::array::from_fn(|t| block32::vec_dot_4rows_exact::<I, _>(w, a[t])),
+                }
+            }
         }
     }
 }

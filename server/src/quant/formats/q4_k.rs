@@ -58,7 +58,7 @@ avx2! {
     use std::mem::MaybeUninit;
 
     use crate::quant::blocks::{blocks, f16_to_f32};
-    use crate::quant::format::{rows_x4_by_row, rows_x8_by_row, Kernels};
+    use crate::quant::format::{dot_4xn_by_rows, rows_x4_by_row, rows_x8_by_row, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{
         broadcast_i16_mask, check_table_rows, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
@@ -191,13 +191,17 @@ avx2! {
             }
         }
 
-        /// Repacked, [`gemv_4rows`]; otherwise four [`Kernels::dot_1x1`]s.
+        /// Repacked, [`gemv_4rows`] per activation row; otherwise each row's own dots.
         #[inline]
-        fn dot_4x1(w: [&[BlockQ4K]; 4], a: &[BlockQ8K], order: DotOrder) -> [f32; 4] {
+        fn dot_4xn<const N: usize>(
+            w: [&[BlockQ4K]; 4],
+            a: [&[BlockQ8K]; N],
+            order: DotOrder,
+        ) -> [[f32; 4]; N] {
             match order {
-                // SAFETY: as in `dot_1x4`; the kernel checks the rows' lengths.
-                DotOrder::Repacked => unsafe { gemv_4rows::<I>(w, a) },
-                _ => w.map(|w| <Self as Kernels<I>>::dot_1x1(w, a, order)),
+                // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
+                DotOrder::Repacked => std::array::from_fn(|t| unsafe { gemv_4rows::<I>(w, a[t]) }),
+                _ => dot_4xn_by_rows::<Self, I, N>(w, a, order),
             }
         }
 

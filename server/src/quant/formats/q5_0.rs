@@ -106,31 +106,29 @@ avx2! {
         }
 
         #[inline]
-        fn dot_4x1(w: [&[BlockQ5_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot_1x1`; the kernels check the rows' lengths.
-            unsafe {
-                match order {
-                    DotOrder::Free => block32::vec_dot_4rows::<I, _>(w, a),
-                    _ => block32::vec_dot_4rows_exact::<I, _>(w, a),
-                }
-            }
-        }
-
-        #[inline]
         fn dot_1xn<const N: usize>(w: &[BlockQ5_0], a: [&[BlockQ8_0]; N], _order: DotOrder) -> [f32; N] {
             // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe { block32::vec_dot_n::<I, _, _>(w, a) }
         }
 
+        /// Free, [`block32::vec_dot_4rows_n`] (one pass over the weights for all N activation
+        /// rows, summing as [`block32::vec_dot_4rows`] does for one); otherwise each row's exact
+        /// chain.
         #[inline]
         fn dot_4xn<const N: usize>(
             w: [&[BlockQ5_0]; 4],
             a: [&[BlockQ8_0]; N],
-            _order: DotOrder,
+            order: DotOrder,
         ) -> [[f32; 4]; N] {
-            // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows_n::<I, _, _>(w, a) }
+            // SAFETY: as in `dot_1x1`; the kernels check the rows' lengths.
+            unsafe {
+                match order {
+                    DotOrder::Free if N == 1 => std::array::from_fn(|t| block32::vec_dot_4rows::<I, _>(w, a[t])),
+                    DotOrder::Free => block32::vec_dot_4rows_n::<I, _, _>(w, a),
+                    _ => std::array::from_fn(|t| block32::vec_dot_4rows_exact::<I, _>(w, a[t])),
+                }
+            }
         }
     }
 }

@@ -285,14 +285,22 @@ macro_rules! affine_kernels {
             unsafe { $crate::quant::simd::affine32::vec_dot_n::<I, $block, N>(w, a) }
         }
 
+        /// One activation row, [`vec_dot_4rows`](crate::quant::simd::affine32::vec_dot_4rows);
+        /// several, each weight row's `dot_1xn`.
         #[inline]
-        fn dot_4x1(
+        fn dot_4xn<const N: usize>(
             w: [&[$block]; 4],
-            a: &[$crate::quant::formats::q8_1::BlockQ8_1],
-            _order: $crate::quant::DotOrder,
-        ) -> [f32; 4] {
-            // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
-            unsafe { $crate::quant::simd::affine32::vec_dot_4rows::<I, $block>(w, a) }
+            a: [&[$crate::quant::formats::q8_1::BlockQ8_1]; N],
+            order: $crate::quant::DotOrder,
+        ) -> [[f32; 4]; N] {
+            if N == 1 {
+                // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
+                std::array::from_fn(|t| unsafe {
+                    $crate::quant::simd::affine32::vec_dot_4rows::<I, $block>(w, a[t])
+                })
+            } else {
+                $crate::quant::format::dot_4xn_by_rows::<Self, I, N>(w, a, order)
+            }
         }
 
         #[inline]
