@@ -159,6 +159,33 @@ impl DotOrder {
     }
 }
 
+/// `body` with `$o` bound to `order`, once per order (`with_order!(order, order => ..)`
+/// shadows it): each arm binds a constant, so the loops
+/// `body` inlines are compiled once per order and the kernels' choice of order (their
+/// `match order`) is made outside the loops rather than per row.
+macro_rules! with_order {
+    ($order:expr, $o:ident => $body:expr) => {
+        match $order {
+            $crate::quant::DotOrder::VecDot => {
+                let $o = $crate::quant::DotOrder::VecDot;
+                $body
+            }
+            $crate::quant::DotOrder::Tiled => {
+                let $o = $crate::quant::DotOrder::Tiled;
+                $body
+            }
+            $crate::quant::DotOrder::Repacked => {
+                let $o = $crate::quant::DotOrder::Repacked;
+                $body
+            }
+            $crate::quant::DotOrder::Free => {
+                let $o = $crate::quant::DotOrder::Free;
+                $body
+            }
+        }
+    };
+}
+
 /// Converts `x` into the activation format of weights of type `w` ([`vec_dot_type`]) in `out`,
 /// which must hold exactly that format's bytes for `x.len()` values. Bit-identical to llama.cpp's
 /// x86 AVX2 quantisers.
@@ -207,13 +234,9 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
         );
     };
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
-    // One loop per order, so the kernel's choice of order is made outside it.
-    with_isa!(I => with_weight!(w, W => match order {
-        DotOrder::VecDot => gemv_of::<W, I>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
-        DotOrder::Tiled => gemv_of::<W, I>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
-        DotOrder::Repacked => gemv_of::<W, I>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
-        DotOrder::Free => gemv_of::<W, I>(DotOrder::Free, row_bytes, rows, blocks(act), out),
-    }))
+    with_isa!(I => with_weight!(w, W => with_order!(order, order => {
+        gemv_of::<W, I>(order, row_bytes, rows, blocks(act), out)
+    })))
 }
 
 /// The rows of [`dot_rows`] by the format's own mat-vec ([`Kernels::rows_x1`]) as far as it
@@ -340,12 +363,9 @@ pub fn dot_rows_x4(
         &acts,
         &outs,
     );
-    with_isa!(I => with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_x4_of::<W, I>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_x4_of::<W, I>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_x4_of::<W, I>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_x4_of::<W, I>(DotOrder::Free, row_bytes, rows, acts, outs),
-    }))
+    with_isa!(I => with_weight!(w, W => with_order!(order, order => {
+        rows_x4_of::<W, I>(order, row_bytes, rows, acts, outs)
+    })))
 }
 
 /// [`dot_rows_x4`] for eight activation rows at once, `outs[k]` bit-identical to what
@@ -369,12 +389,9 @@ pub fn dot_rows_x8(
         &acts,
         &outs,
     );
-    with_isa!(I => with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_x8_of::<W, I>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_x8_of::<W, I>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_x8_of::<W, I>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_x8_of::<W, I>(DotOrder::Free, row_bytes, rows, acts, outs),
-    }))
+    with_isa!(I => with_weight!(w, W => with_order!(order, order => {
+        rows_x8_of::<W, I>(order, row_bytes, rows, acts, outs)
+    })))
 }
 
 #[inline(always)]
@@ -522,12 +539,13 @@ fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(
     outs: &mut [&mut [f32]],
 ) {
     let acts: [&[ActBlock<W>]; N] = std::array::from_fn(|t| blocks(acts[t]));
-    match order {
-        DotOrder::VecDot => rows_n_of::<W, I, N>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_n_of::<W, I, N>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_n_of::<W, I, N>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_4_n_of::<W, I, N>(row_bytes, rows, acts, outs),
-    }
+    with_order!(order, order => {
+        if order == DotOrder::Free {
+            rows_4_n_of::<W, I, N>(row_bytes, rows, acts, outs)
+        } else {
+            rows_n_of::<W, I, N>(order, row_bytes, rows, acts, outs)
+        }
+    })
 }
 
 /// [`dot_rows`]'s loop in the orders other than free for `N` activation rows, row by row (each
