@@ -291,16 +291,13 @@ fn rows_4_of<W: Kernels<I>, I: Isa>(
 
 /// How far ahead [`dot_rows`] asks for weight rows. Decode streams every weight from memory once
 /// per token; requesting the row two ahead keeps more loads in flight than the hardware
-/// prefetcher alone (measured on the default model, 1 thread, alternating runs: decode +7 to +24 %,
-/// median +11 %).
+/// prefetcher alone.
 const PREFETCH_ROWS: usize = 2;
 
 /// Asks the CPU to start loading `bytes` into L2 (`prefetcht1`), for rows read a while ahead: on
 /// Intel a prefetch into L1 holds one of its few fill buffers until the line arrives, which the
-/// kernels' own loads then wait for, where L2's queue is deeper (the default model's decode, 1
-/// thread, 3 alternating pairs on a Sapphire Rapids-class Xeon: 23.3-24.2 tok/s with
-/// `prefetcht0`, 26.2-27.3 with `prefetcht1`). AMD's optimisation guides have the T0/T1/T2 hints
-/// all load into L1 before Zen 4, so the appliance's Zen 1 sees no change.
+/// kernels' own loads then wait for, where L2's queue is deeper. AMD's optimisation guides have
+/// the T0/T1/T2 hints all load into L1 before Zen 4, so the appliance's Zen 1 sees no change.
 #[inline(always)]
 pub(crate) fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]

@@ -85,9 +85,8 @@ avx2! {
 
         /// `maddubs` of the nibbles by the activations into i16 lanes, reduced by three rounds
         /// of `phaddw`: exact, because 16 products of a nibble (≤ 15) and an activation
-        /// (|a| ≤ 127) are at most 30480 < 2¹⁵. (Not VNNI's `vpdpbusd` into i32 lanes: on Zen 4
-        /// that was no faster from L2, 21.7 GB/s both, and slower from memory, 13.6-16 GB/s
-        /// against 20.6.)
+        /// (|a| ≤ 127) are at most 30480 < 2¹⁵. (Not VNNI's `vpdpbusd` into i32 lanes: it was no
+        /// faster from L2 and slower from memory.)
         #[inline(always)]
         unsafe fn sums<I: Isa>(pairs: [(__m256i, __m256i); 4], a_lo: __m256i, a_hi: __m256i) -> __m256i {
             let [p0, p1, p2, p3] = pairs.map(|(lo, hi)| {

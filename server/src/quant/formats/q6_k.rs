@@ -218,7 +218,7 @@ avx2! {
             }
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`. (Avx2 keeps this call: through
-            // `dot_1xn` the compiler lays out its callers' loops otherwise, +0.6 % instructions.)
+            // `dot_1xn` the compiler lays out its callers' loops otherwise, in more instructions.)
             unsafe { scaled_dot(w, a, order) }
         }
 

@@ -63,8 +63,8 @@ fn quantize_scalar(x: &[f32], out: &mut [BlockQ8_0]) {
 /// [`Q8_0::quantize`] eight lanes at a time, as ggml's AVX2 branch: the same amax (a max of
 /// absolute values, exact in any order), the same scalar `d` and `id`, and `x·id` rounded to
 /// nearest even by `vroundps`, exactly `round_ties_even`; |x·id| ≤ 127 needs no saturation.
-/// Prefill quantises every activation row once per matmul on one thread (4.6 % of a 1B
-/// model's prefill in the scalar form).
+/// Prefill quantises every activation row once per matmul on one thread, where the scalar form
+/// was a visible share of a prefill.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
 unsafe fn quantize_avx2(x: &[f32], out: &mut [BlockQ8_0]) {
     use std::arch::x86_64::*;
