@@ -130,7 +130,7 @@ pub enum DotOrder {
     /// No order to keep: the matrix's outputs are final (the output matrix, whose results are
     /// the logits), so a rounding difference goes nowhere but into them, where the golden rule
     /// (testdata/README.md) bounds it. Single activation rows take the formats' four-row
-    /// kernels ([`Kernels::dot_4rows`](format::Kernels::dot_4rows)); otherwise as vec_dot.
+    /// kernels ([`Kernels::dot_4xn`](format::Kernels::dot_4xn)); otherwise as vec_dot.
     /// Every other matmul keeps llama.cpp's order: each layer's outputs are quantised again
     /// for the next matmul, and on the default model a last-bit difference there grows into
     /// logit errors of 0.8 (measured with the four-row kernels on every Q5_0/Q8_0 matrix).
@@ -159,6 +159,33 @@ impl DotOrder {
     }
 }
 
+/// `body` with `$o` bound to `order`, once per order (`with_order!(order, order => ..)`
+/// shadows it): each arm binds a constant, so the loops
+/// `body` inlines are compiled once per order and the kernels' choice of order (their
+/// `match order`) is made outside the loops rather than per row.
+macro_rules! with_order {
+    ($order:expr, $o:ident => $body:expr) => {
+        match $order {
+            $crate::quant::DotOrder::VecDot => {
+                let $o = $crate::quant::DotOrder::VecDot;
+                $body
+            }
+            $crate::quant::DotOrder::Tiled => {
+                let $o = $crate::quant::DotOrder::Tiled;
+                $body
+            }
+            $crate::quant::DotOrder::Repacked => {
+                let $o = $crate::quant::DotOrder::Repacked;
+                $body
+            }
+            $crate::quant::DotOrder::Free => {
+                let $o = $crate::quant::DotOrder::Free;
+                $body
+            }
+        }
+    };
+}
+
 /// Converts `x` into the activation format of weights of type `w` ([`vec_dot_type`]) in `out`,
 /// which must hold exactly that format's bytes for `x.len()` values. Bit-identical to llama.cpp's
 /// x86 AVX2 quantisers.
@@ -182,7 +209,7 @@ fn quantize_act<W: WeightRow>(x: &[f32], out: &mut [u8]) {
 pub fn vec_dot(w: GgmlType, order: DotOrder, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
     check_row_len("vec_dot (weights)", w, n, w_row.len());
     check_row_len("vec_dot (activations)", vec_dot_type(w), n, act.len());
-    with_isa!(I => with_weight!(w, W => <W as Kernels<I>>::dot(blocks(w_row), blocks(act), order)))
+    with_isa!(I => with_weight!(w, W => <W as Kernels<I>>::dot_1x1(blocks(w_row), blocks(act), order)))
 }
 
 /// [`vec_dot`] by the scalar reference (the definition; one float order).
@@ -207,16 +234,12 @@ pub fn dot_rows(w: GgmlType, order: DotOrder, n: usize, rows: &[u8], act: &[u8],
         );
     };
     check_row_len("dot_rows (activations)", vec_dot_type(w), n, act.len());
-    // One loop per order, so the kernel's choice of order is made outside it.
-    with_isa!(I => with_weight!(w, W => match order {
-        DotOrder::VecDot => gemv_of::<W, I>(DotOrder::VecDot, row_bytes, rows, blocks(act), out),
-        DotOrder::Tiled => gemv_of::<W, I>(DotOrder::Tiled, row_bytes, rows, blocks(act), out),
-        DotOrder::Repacked => gemv_of::<W, I>(DotOrder::Repacked, row_bytes, rows, blocks(act), out),
-        DotOrder::Free => gemv_of::<W, I>(DotOrder::Free, row_bytes, rows, blocks(act), out),
-    }))
+    with_isa!(I => with_weight!(w, W => with_order!(order, order => {
+        gemv_of::<W, I>(order, row_bytes, rows, blocks(act), out)
+    })))
 }
 
-/// The rows of [`dot_rows`] by the format's own mat-vec ([`Kernels::gemv_rows`]) as far as it
+/// The rows of [`dot_rows`] by the format's own mat-vec ([`Kernels::rows_x1`]) as far as it
 /// goes, the rest by [`rows_4_of`].
 #[inline(always)]
 fn gemv_of<W: Kernels<I>, I: Isa>(
@@ -226,7 +249,7 @@ fn gemv_of<W: Kernels<I>, I: Isa>(
     act: &[ActBlock<W>],
     out: &mut [f32],
 ) {
-    let done = W::gemv_rows(rows, row_bytes, act, order, out);
+    let done = W::rows_x1(rows, row_bytes, act, order, out);
     rows_4_of::<W, I>(
         order,
         row_bytes,
@@ -237,10 +260,10 @@ fn gemv_of<W: Kernels<I>, I: Isa>(
 }
 
 /// The rows of [`dot_rows`], four at a time through the format's four-row kernel
-/// ([`Kernels::dot_4rows`]), which shares the activation's loads; the last `len % 4` rows one by
+/// ([`Kernels::dot_4xn`] with one activation row), which shares the activation's loads; the last `len % 4` rows one by
 /// one. In [`DotOrder::Free`] a row's result depends on its index only, not on how a matmul
 /// splits the rows, as long as the split is into multiples of four; in the other orders every
-/// row is its own [`Kernels::dot`].
+/// row is its own [`Kernels::dot_1x1`].
 #[inline(always)]
 fn rows_4_of<W: Kernels<I>, I: Isa>(
     order: DotOrder,
@@ -258,25 +281,23 @@ fn rows_4_of<W: Kernels<I>, I: Isa>(
             prefetch(ahead);
         }
         let row = |k: usize| blocks::<W::Block>(&quad[k * row_bytes..(k + 1) * row_bytes]);
-        o.copy_from_slice(&W::dot_4rows([row(0), row(1), row(2), row(3)], act, order));
+        let [got] = W::dot_4xn([row(0), row(1), row(2), row(3)], [act], order);
+        o.copy_from_slice(&got);
     }
     for (row, o) in rest.chunks_exact(row_bytes).zip(outs.into_remainder()) {
-        *o = W::dot(blocks(row), act, order);
+        *o = W::dot_1x1(blocks(row), act, order);
     }
 }
 
 /// How far ahead [`dot_rows`] asks for weight rows. Decode streams every weight from memory once
 /// per token; requesting the row two ahead keeps more loads in flight than the hardware
-/// prefetcher alone (measured on the default model, 1 thread, alternating runs: decode +7 to +24 %,
-/// median +11 %).
+/// prefetcher alone.
 const PREFETCH_ROWS: usize = 2;
 
 /// Asks the CPU to start loading `bytes` into L2 (`prefetcht1`), for rows read a while ahead: on
 /// Intel a prefetch into L1 holds one of its few fill buffers until the line arrives, which the
-/// kernels' own loads then wait for, where L2's queue is deeper (the default model's decode, 1
-/// thread, 3 alternating pairs on a Sapphire Rapids-class Xeon: 23.3-24.2 tok/s with
-/// `prefetcht0`, 26.2-27.3 with `prefetcht1`). AMD's optimisation guides have the T0/T1/T2 hints
-/// all load into L1 before Zen 4, so the appliance's Zen 1 sees no change.
+/// kernels' own loads then wait for, where L2's queue is deeper. AMD's optimisation guides have
+/// the T0/T1/T2 hints all load into L1 before Zen 4, so the appliance's Zen 1 sees no change.
 #[inline(always)]
 pub(crate) fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
@@ -317,7 +338,7 @@ fn prefetch_lines<const HINT: i32>(bytes: &[u8]) {
 }
 
 /// [`dot_rows`] for four activation rows at once: `outs[k][i]` = row i · `acts[k]`, by the
-/// format's [`Kernels::dot_x4_rows`]: its four-row kernel ([`Kernels::dot_x4`]) row by row,
+/// format's [`Kernels::rows_x4`]: its four-row kernel ([`Kernels::dot_1x4`]) row by row,
 /// or, for the 32-value formats, a kernel tiled over all the rows that converts the activation
 /// scales once. In the vec_dot and tiled orders results are bit-identical to four [`dot_rows`]
 /// calls; repacked, they follow llama.cpp's gemm, which for Q4_K sums in another order than its
@@ -339,18 +360,15 @@ pub fn dot_rows_x4(
         &acts,
         &outs,
     );
-    with_isa!(I => with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_x4_of::<W, I>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_x4_of::<W, I>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_x4_of::<W, I>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_x4_of::<W, I>(DotOrder::Free, row_bytes, rows, acts, outs),
-    }))
+    with_isa!(I => with_weight!(w, W => with_order!(order, order => {
+        rows_x4_of::<W, I>(order, row_bytes, rows, acts, outs)
+    })))
 }
 
 /// [`dot_rows_x4`] for eight activation rows at once, `outs[k]` bit-identical to what
 /// `dot_rows_x4` gives for row k in its group of four (0..4 or 4..8), in every order: prefill
 /// reads and unpacks each weight block once for eight activation rows where the format can
-/// ([`Kernels::dot_x8_rows`]).
+/// ([`Kernels::rows_x8`]).
 pub fn dot_rows_x8(
     w: GgmlType,
     order: DotOrder,
@@ -368,12 +386,9 @@ pub fn dot_rows_x8(
         &acts,
         &outs,
     );
-    with_isa!(I => with_weight!(w, W => match order {
-        DotOrder::VecDot => rows_x8_of::<W, I>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_x8_of::<W, I>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_x8_of::<W, I>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_x8_of::<W, I>(DotOrder::Free, row_bytes, rows, acts, outs),
-    }))
+    with_isa!(I => with_weight!(w, W => with_order!(order, order => {
+        rows_x8_of::<W, I>(order, row_bytes, rows, acts, outs)
+    })))
 }
 
 #[inline(always)]
@@ -384,7 +399,7 @@ fn rows_x8_of<W: Kernels<I>, I: Isa>(
     acts: [&[u8]; 8],
     outs: [&mut [f32]; 8],
 ) {
-    W::dot_x8_rows(
+    W::rows_x8(
         rows,
         row_bytes,
         acts.map(blocks::<ActBlock<W>>),
@@ -401,7 +416,7 @@ fn rows_x4_of<W: Kernels<I>, I: Isa>(
     acts: [&[u8]; 4],
     outs: [&mut [f32]; 4],
 ) {
-    W::dot_x4_rows(
+    W::rows_x4(
         rows,
         row_bytes,
         acts.map(blocks::<ActBlock<W>>),
@@ -414,7 +429,7 @@ fn rows_x4_of<W: Kernels<I>, I: Isa>(
 /// micro-batch, as llama.cpp's matmul groups them (eights and fours from the first, the rest
 /// one by one, which matters where its gemm and gemv orders differ): each output is
 /// bit-identical to what [`dot_rows_x8`], [`dot_rows_x4`] and [`dot_rows`] give it. Formats with
-/// a kernel for the whole batch ([`Kernels::dot_batch_rows`]: Q4_0, IQ4_NL and Q4_K repacked,
+/// a kernel for the whole batch ([`Kernels::rows_xbatch`]: Q4_0, IQ4_NL and Q4_K repacked,
 /// IQ4_XS tiled, Q6_K tiled under VNNI) take it; the others go through those groups.
 ///
 /// Panics as [`dot_rows_multi`] does.
@@ -444,7 +459,7 @@ pub fn dot_rows_batch(
     );
     let whole = with_isa!(I => with_weight!(w, W => {
         let acts: SmallVec<[&[ActBlock<W>]; 32]> = acts.iter().map(|a| blocks(a)).collect();
-        <W as Kernels<I>>::dot_batch_rows(rows, row_bytes, &acts, order, outs)
+        <W as Kernels<I>>::rows_xbatch(rows, row_bytes, &acts, order, outs)
     }));
     if whole {
         return;
@@ -472,8 +487,8 @@ pub fn dot_rows_batch(
 /// `dot_rows(w, order, n, rows, acts[t], outs[t])` for every t and every order, so a stream's
 /// results do not depend on what it is batched with. Activation rows go in groups of up to
 /// four; in each group every weight block is read and unpacked once for all of them (by
-/// [`Kernels::dot_n`] and [`Kernels::dot_4rows_n`] where the format has its own, by one
-/// [`Kernels::dot`] per row elsewhere), which is what makes a second stream cheap.
+/// [`Kernels::dot_1xn`] and [`Kernels::dot_4xn`] where the format has its own, by one
+/// [`Kernels::dot_1x1`] per row elsewhere), which is what makes a second stream cheap.
 ///
 /// Panics when `acts` and `outs` differ in length or a row does not hold `n` values (a caller
 /// bug, as for [`dot_rows`]).
@@ -521,16 +536,17 @@ fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(
     outs: &mut [&mut [f32]],
 ) {
     let acts: [&[ActBlock<W>]; N] = std::array::from_fn(|t| blocks(acts[t]));
-    match order {
-        DotOrder::VecDot => rows_n_of::<W, I, N>(DotOrder::VecDot, row_bytes, rows, acts, outs),
-        DotOrder::Tiled => rows_n_of::<W, I, N>(DotOrder::Tiled, row_bytes, rows, acts, outs),
-        DotOrder::Repacked => rows_n_of::<W, I, N>(DotOrder::Repacked, row_bytes, rows, acts, outs),
-        DotOrder::Free => rows_4_n_of::<W, I, N>(row_bytes, rows, acts, outs),
-    }
+    with_order!(order, order => {
+        if order == DotOrder::Free {
+            rows_4_n_of::<W, I, N>(row_bytes, rows, acts, outs)
+        } else {
+            rows_n_of::<W, I, N>(order, row_bytes, rows, acts, outs)
+        }
+    })
 }
 
 /// [`dot_rows`]'s loop in the orders other than free for `N` activation rows, row by row (each
-/// row's results are its [`Kernels::dot`]s, as [`rows_4_of`]'s are).
+/// row's results are its [`Kernels::dot_1x1`]s, as [`rows_4_of`]'s are).
 #[inline(always)]
 fn rows_n_of<W: Kernels<I>, I: Isa, const N: usize>(
     order: DotOrder,
@@ -545,7 +561,7 @@ fn rows_n_of<W: Kernels<I>, I: Isa, const N: usize>(
         {
             prefetch(ahead);
         }
-        for (o, v) in outs.iter_mut().zip(W::dot_n(blocks(row), acts, order)) {
+        for (o, v) in outs.iter_mut().zip(W::dot_1xn(blocks(row), acts, order)) {
             o[i] = v;
         }
     }
@@ -562,7 +578,7 @@ fn rows_4_n_of<W: Kernels<I>, I: Isa, const N: usize>(
 ) {
     let order = DotOrder::Free;
     // The format's own mat-vec first, as far as it goes (whole quads).
-    let done = W::gemv_rows_n(rows, row_bytes, acts, outs);
+    let done = W::rows_xn(rows, row_bytes, acts, outs);
     let quads = rows.chunks_exact(4 * row_bytes);
     let rest = quads.remainder();
     let n_quads = rows.len() / (4 * row_bytes);
@@ -572,14 +588,14 @@ fn rows_4_n_of<W: Kernels<I>, I: Isa, const N: usize>(
             prefetch(ahead);
         }
         let row = |k: usize| blocks::<W::Block>(&quad[k * row_bytes..(k + 1) * row_bytes]);
-        let got = W::dot_4rows_n([row(0), row(1), row(2), row(3)], acts, order);
+        let got = W::dot_4xn([row(0), row(1), row(2), row(3)], acts, order);
         for (o, v) in outs.iter_mut().zip(got) {
             o[4 * q..4 * q + 4].copy_from_slice(&v);
         }
     }
     for (r, row) in rest.chunks_exact(row_bytes).enumerate() {
         let i = 4 * n_quads + r;
-        for (o, v) in outs.iter_mut().zip(W::dot_n(blocks(row), acts, order)) {
+        for (o, v) in outs.iter_mut().zip(W::dot_1xn(blocks(row), acts, order)) {
             o[i] = v;
         }
     }

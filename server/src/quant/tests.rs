@@ -135,9 +135,10 @@ proptest! {
         }
     }
 
-    /// `dot_rows` in the free order over 1..=9 rows (the four-row kernels and the rows left
-    /// over) of 1..=9 blocks: formats with their own four-row kernel (which sums in its own
-    /// order) agree with the reference to float rounding, the others equal vec_dot bit for bit.
+    /// `dot_rows` in the free order over 1..=9 rows of 1..=9 blocks: the rows in quads are what
+    /// the format's four-row kernel gives them (in its own order, whatever computed them), the
+    /// rows left over their vec_dot, bit for bit, and all agree with the reference to float
+    /// rounding.
     #[test]
     fn free_order_dot_rows_of_any_row_count_equal_vec_dot(seed in any::<u64>(), n_rows in 1usize..=9, blocks in 1usize..=9) {
         let mut rng = Rng(seed);
@@ -148,14 +149,16 @@ proptest! {
             let mut out = vec![0f32; n_rows];
             dot_rows(w, DotOrder::Free, n, &rows.concat(), &act, &mut out);
             for (r, row) in rows.iter().enumerate() {
-                let one = vec_dot(w, DotOrder::VecDot, n, row, &act);
-                if FOUR_ROW_KERNELS.contains(&w) && r < n_rows / 4 * 4 {
-                    let tol = 1e-5 * abs_product_sum(w, row, &act, n) + 1e-6;
-                    let reference = vec_dot_ref(w, n, row, &act);
-                    prop_assert!(((out[r] - reference) as f64).abs() <= tol, "{w} row {r}: {} vs {reference}", out[r]);
+                let want = if r < n_rows / 4 * 4 {
+                    let quad = std::array::from_fn(|k| &rows[r / 4 * 4 + k][..]);
+                    four_rows(w, quad, &[&act], DotOrder::Free)[0][r % 4]
                 } else {
-                    prop_assert_eq!(out[r].to_bits(), one.to_bits(), "{} row {}", w, r);
-                }
+                    vec_dot(w, DotOrder::VecDot, n, row, &act)
+                };
+                prop_assert_eq!(out[r].to_bits(), want.to_bits(), "{} row {}", w, r);
+                let tol = 1e-5 * abs_product_sum(w, row, &act, n) + 1e-6;
+                let reference = vec_dot_ref(w, n, row, &act);
+                prop_assert!(((out[r] - reference) as f64).abs() <= tol, "{w} row {r}: {} vs {reference}", out[r]);
             }
         }
     }
@@ -532,11 +535,66 @@ proptest! {
     }
 }
 
-/// The weight types llama.cpp repacks (on a matrix whose rows come in groups of 8).
-/// The formats whose [`Kernels::dot_4rows`](super::format::Kernels::dot_4rows) is their own,
-/// summing in another order than their vec_dot (in [`DotOrder::Free`] only).
-const FOUR_ROW_KERNELS: &[GgmlType] = &[GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0];
+/// [`Kernels::dot_4xn`](format::Kernels::dot_4xn) of type `w` on four weight rows and up to
+/// four activation rows (already quantised), `result[t][k]` = row k · `acts[t]`.
+fn four_rows(w: GgmlType, rows: [&[u8]; 4], acts: &[&[u8]], order: DotOrder) -> Vec<[f32; 4]> {
+    fn run<W: Kernels<I>, I: isa::Isa, const N: usize>(
+        rows: [&[u8]; 4],
+        acts: &[&[u8]],
+        order: DotOrder,
+    ) -> Vec<[f32; 4]> {
+        let a: [&[ActBlock<W>]; N] = std::array::from_fn(|t| blocks(acts[t]));
+        W::dot_4xn(rows.map(blocks::<W::Block>), a, order).to_vec()
+    }
+    isa::with_isa!(I => with_weight!(w, W => match acts.len() {
+        1 => run::<W, I, 1>(rows, acts, order),
+        2 => run::<W, I, 2>(rows, acts, order),
+        3 => run::<W, I, 3>(rows, acts, order),
+        4 => run::<W, I, 4>(rows, acts, order),
+        n => panic!("four_rows: {n} activation rows, not 1..=4"),
+    }))
+}
 
+/// The four-row kernel of every format in the table, in every order, with 1..=4 activation
+/// rows: each result is what the kernel gives its activation row alone (so a decode stream's
+/// results do not depend on the others batched with it, whichever of a format's kernels it
+/// overrides), and outside the free order that row's own `vec_dot`.
+#[test]
+fn four_row_kernels_give_each_activation_row_what_it_gets_alone() {
+    let mut rng = Rng(7);
+    for w in WEIGHT_TYPES {
+        let n = 3 * w.block_len().max(vec_dot_type(w).block_len());
+        let rows: Vec<Vec<u8>> = (0..4).map(|_| random_weights(w, n, &mut rng)).collect();
+        let quad = std::array::from_fn(|k| &rows[k][..]);
+        let acts: Vec<Vec<u8>> = (0..4)
+            .map(|_| quantized(w, &random_activations(n, &mut rng)))
+            .collect();
+        let acts: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+        for order in [
+            DotOrder::VecDot,
+            DotOrder::Tiled,
+            DotOrder::Repacked,
+            DotOrder::Free,
+        ] {
+            for n_acts in 1..=4 {
+                let got = four_rows(w, quad, &acts[..n_acts], order);
+                for (t, got) in got.iter().enumerate() {
+                    let alone = four_rows(w, quad, &acts[t..t + 1], order)[0];
+                    for k in 0..4 {
+                        let what = format!("{w} {order:?} row {k} act {t} of {n_acts}");
+                        assert_eq!(got[k].to_bits(), alone[k].to_bits(), "{what}");
+                        if order != DotOrder::Free {
+                            let one = vec_dot(w, order, n, quad[k], acts[t]);
+                            assert_eq!(got[k].to_bits(), one.to_bits(), "{what} vs vec_dot");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The weight types llama.cpp repacks (on a matrix whose rows come in groups of 8).
 fn repacked_types() -> Vec<GgmlType> {
     let repacked = |w: &GgmlType| DotOrder::of(*w, 8, 1) == DotOrder::Repacked;
     WEIGHT_TYPES.into_iter().filter(repacked).collect()

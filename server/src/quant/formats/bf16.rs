@@ -57,13 +57,13 @@ impl Weight for Bf16 {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::{simd, DotOrder};
 
     impl<I: Isa> Kernels<I> for Bf16 {
         #[inline]
-        fn dot(w: &[BlockBf16], a: &[BlockBf16], _order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockBf16], a: &[BlockBf16], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the float
             // dot loads only whole elements inside both slices.
             unsafe {
@@ -81,8 +81,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockBf16], a: [&[BlockBf16]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
+        fn dot_1x4(w: &[BlockBf16], a: [&[BlockBf16]; 4], order: DotOrder) -> [f32; 4] {
+            dot_1x4_by_1x1::<Self, I>(w, a, order)
         }
     }
 }

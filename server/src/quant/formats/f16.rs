@@ -50,13 +50,13 @@ impl Weight for F16 {
 avx2! {
     use std::arch::x86_64::_mm256_cvtph_ps;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::{simd, DotOrder};
 
     impl<I: Isa> Kernels<I> for F16 {
         #[inline]
-        fn dot(w: &[BlockF16], a: &[BlockF16], _order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockF16], a: &[BlockF16], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the float
             // dot loads only whole elements inside both slices.
             unsafe {
@@ -65,8 +65,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockF16], a: [&[BlockF16]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
+        fn dot_1x4(w: &[BlockF16], a: [&[BlockF16]; 4], order: DotOrder) -> [f32; 4] {
+            dot_1x4_by_1x1::<Self, I>(w, a, order)
         }
     }
 }

@@ -47,21 +47,21 @@ impl Weight for F32 {
 avx2! {
     use std::arch::x86_64::_mm256_loadu_ps;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::{simd, DotOrder};
 
     impl<I: Isa> Kernels<I> for F32 {
         #[inline]
-        fn dot(w: &[BlockF32], a: &[BlockF32], _order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockF32], a: &[BlockF32], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the float
             // dot loads only whole elements inside both slices.
             unsafe { simd::float::dot(w, a, |p| _mm256_loadu_ps(p.cast()), BlockF32::value) }
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockF32], a: [&[BlockF32]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
+        fn dot_1x4(w: &[BlockF32], a: [&[BlockF32]; 4], order: DotOrder) -> [f32; 4] {
+            dot_1x4_by_1x1::<Self, I>(w, a, order)
         }
     }
 }

@@ -99,7 +99,7 @@ impl Weight for Iq1S {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::simd::{hsum, load256};
     use crate::quant::DotOrder;
@@ -111,7 +111,7 @@ avx2! {
         /// `Σ scale·±bsums` is an integer, added by a scalar FMA by `d·d_a`; the result is
         /// `hsum(lanes) + DELTA·shifts`. The table lists no other order for this type.
         #[inline]
-        fn dot(w: &[BlockIq1S], a: &[BlockQ8K], _order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockIq1S], a: &[BlockQ8K], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`.
             unsafe {
@@ -148,8 +148,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockIq1S], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
+        fn dot_1x4(w: &[BlockIq1S], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            dot_1x4_by_1x1::<Self, I>(w, a, order)
         }
     }
 }

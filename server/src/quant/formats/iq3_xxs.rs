@@ -78,7 +78,7 @@ impl Weight for Iq3Xxs {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
     use crate::quant::simd::{bytes_from_bits_32, load256};
@@ -114,15 +114,15 @@ avx2! {
         /// ggml's vec_dot order (the only one the table lists for this type), with its final
         /// `·0.25`.
         #[inline]
-        fn dot(w: &[BlockIq3Xxs], a: &[BlockQ8K], _order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockIq3Xxs], a: &[BlockQ8K], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`.
             0.25 * unsafe { scaled_dot(w, a, DotOrder::VecDot) }
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockIq3Xxs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
+        fn dot_1x4(w: &[BlockIq3Xxs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            dot_1x4_by_1x1::<Self, I>(w, a, order)
         }
     }
 }

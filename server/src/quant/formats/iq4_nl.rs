@@ -45,7 +45,7 @@ impl Weight for Iq4Nl {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::Kernels;
+    use crate::quant::format::{dot_4xn_by_rows, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::blocks::f16_to_f32;
     use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
@@ -175,7 +175,7 @@ avx2! {
         /// [`block32::repacked_4rows`] quad by quad, each group requesting the next as it goes;
         /// the other orders read rows one by one.
         #[inline]
-        fn gemv_rows(
+        fn rows_x1(
             rows: &[u8],
             row_bytes: usize,
             a: &[BlockQ8_0],
@@ -201,7 +201,7 @@ avx2! {
         /// [`block32::dot_rows_tiled`] in the repacked order (the two-chain vec_dot goes row by
         /// row).
         #[inline]
-        fn dot_x4_rows(
+        fn rows_x4(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8_0]; 4],
@@ -212,9 +212,9 @@ avx2! {
         }
 
         /// Repacked (prefill's order: the model's rows come in eights), [`repacked_rows_x8`];
-        /// otherwise as [`Kernels::dot_x4_rows`].
+        /// otherwise as [`Kernels::rows_x4`].
         #[inline]
-        fn dot_x8_rows(
+        fn rows_x8(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8_0]; 8],
@@ -232,7 +232,7 @@ avx2! {
         /// vec_dot with ggml's two chains ([`block32::vec_dot_pairs`]), or the repacked chain.
         /// [`panel::rows`]: the repacked order as a GEMM with weight rows in the lanes.
         #[inline]
-        fn dot_batch_rows(
+        fn rows_xbatch(
             rows: &[u8],
             row_bytes: usize,
             acts: &[&[BlockQ8_0]],
@@ -243,7 +243,7 @@ avx2! {
         }
 
         #[inline]
-        fn dot(w: &[BlockIq4Nl], a: &[BlockQ8_0], order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockIq4Nl], a: &[BlockQ8_0], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
             // inside the blocks borrowed from `w` and `a`.
             unsafe {
@@ -255,28 +255,32 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockIq4Nl], a: [&[BlockQ8_0]; 4], order: DotOrder) -> [f32; 4] {
+        fn dot_1x4(w: &[BlockIq4Nl], a: [&[BlockQ8_0]; 4], order: DotOrder) -> [f32; 4] {
             match order {
-                // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked
+                // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked
                 // by the caller).
                 DotOrder::Repacked => unsafe { block32::repacked_n::<I, _, _>(w, a) },
-                _ => <Self as Kernels<I>>::dot_n(w, a, order),
+                _ => <Self as Kernels<I>>::dot_1xn(w, a, order),
             }
         }
 
-        /// Repacked, [`block32::repacked_4rows`]; otherwise four [`Kernels::dot`]s.
+        /// Repacked, [`block32::repacked_4rows`] per activation row; otherwise each row's own dots.
         #[inline]
-        fn dot_4rows(w: [&[BlockIq4Nl]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
+        fn dot_4xn<const N: usize>(
+            w: [&[BlockIq4Nl]; 4],
+            a: [&[BlockQ8_0]; N],
+            order: DotOrder,
+        ) -> [[f32; 4]; N] {
             match order {
-                // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-                DotOrder::Repacked => unsafe { block32::repacked_4rows::<I, _>(w, a) },
-                _ => w.map(|w| <Self as Kernels<I>>::dot(w, a, order)),
+                // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
+                DotOrder::Repacked => std::array::from_fn(|t| unsafe { block32::repacked_4rows::<I, _>(w, a[t]) }),
+                _ => dot_4xn_by_rows::<Self, I, N>(w, a, order),
             }
         }
 
         #[inline]
-        fn dot_n<const N: usize>(w: &[BlockIq4Nl], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1xn<const N: usize>(w: &[BlockIq4Nl], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe {
                 match order {

@@ -71,7 +71,7 @@ impl Weight for Iq4Xs {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_n_by_row, Kernels};
+    use crate::quant::format::{rows_by_1xn, Kernels};
     use crate::quant::isa::{Avx2, Isa};
     use crate::quant::simd::super_block::{
         broadcast_i16_mask, broadcast_i16_pair_mask, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
@@ -84,7 +84,7 @@ avx2! {
     const TILE: usize = 6;
 
     /// Weight rows against eight activation rows in the tiled order, `outs[k][r]` bit-identical
-    /// to [`Kernels::dot`] of row r and activation row k: per super-block the exact integer
+    /// to [`Kernels::dot_1x1`] of row r and activation row k: per super-block the exact integer
     /// `Σ_s (ls_s-32)·(v·a)_s`, then `acc + (d·sumi)·d_a`. Each sub-block's grid lookup runs
     /// once for the eight activation rows, its scale multiplied into the i16 quants (|v·ls| ≤
     /// 127·32, |a| ≤ 127: far from overflow), so each activation row's part is two madds and two
@@ -267,10 +267,10 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Iq4Xs {
-        /// [`scaled_rows`]: row by row, each row's [`Kernels::dot`], requesting the rows ahead
+        /// [`scaled_rows`]: row by row, each row's [`Kernels::dot_1x1`], requesting the rows ahead
         /// as it goes.
         #[inline]
-        fn gemv_rows(
+        fn rows_x1(
             rows: &[u8],
             row_bytes: usize,
             a: &[BlockQ8K],
@@ -290,7 +290,7 @@ avx2! {
         }
 
         #[inline]
-        fn dot(w: &[BlockIq4Xs], a: &[BlockQ8K], order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockIq4Xs], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`.
             // With VNNI through `sumi_n` (the trait's `sumi` is the AVX2 one): the same code as
@@ -306,14 +306,14 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockIq4Xs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            <Self as Kernels<I>>::dot_n(w, a, order)
+        fn dot_1x4(w: &[BlockIq4Xs], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            <Self as Kernels<I>>::dot_1xn(w, a, order)
         }
 
-        /// Tiled (prefill's order), [`tiled_rows_x8`]; otherwise each row's [`Kernels::dot_n`]
+        /// Tiled (prefill's order), [`tiled_rows_x8`]; otherwise each row's [`Kernels::dot_1xn`]
         /// (every order but tiled is vec_dot's here).
         #[inline]
-        fn dot_x8_rows(
+        fn rows_x8(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8K]; 8],
@@ -324,13 +324,13 @@ avx2! {
                 // SAFETY: the target has AVX2/FMA/F16C; the kernel checks the lengths it
                 // relies on.
                 DotOrder::Tiled => unsafe { tiled_rows_x8::<I>(rows, row_bytes, a, outs) },
-                _ => dot_n_by_row::<Self, I, 8>(rows, row_bytes, a, order, outs),
+                _ => rows_by_1xn::<Self, I, 8>(rows, row_bytes, a, order, outs),
             }
         }
 
         /// [`panel_tiled::rows`]: the tiled order as a GEMM with weight rows in the lanes.
         #[inline]
-        fn dot_batch_rows(
+        fn rows_xbatch(
             rows: &[u8],
             row_bytes: usize,
             acts: &[&[BlockQ8K]],
@@ -341,8 +341,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_n<const N: usize>(w: &[BlockIq4Xs], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1xn<const N: usize>(w: &[BlockIq4Xs], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe { scaled_dot_n(w, a, order, |b, y| b.sumi_n::<I, N>(y)) }
         }

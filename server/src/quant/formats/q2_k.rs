@@ -68,7 +68,7 @@ impl Weight for Q2K {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{tiled, Sub16Scales};
     use crate::quant::simd::{hsum, hsum_i32, load128, load256};
@@ -103,7 +103,7 @@ avx2! {
         /// scaled lanes by `d_a·d`, into the same eight lanes; tiled: `d·sumi - dmin·summ` (the
         /// subtraction fused), then one scalar FMA by `d_a`, as for Q4_K.
         #[inline]
-        fn dot(w: &[BlockQ2K], a: &[BlockQ8K], order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockQ2K], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`.
             unsafe {
@@ -129,8 +129,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockQ2K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
+        fn dot_1x4(w: &[BlockQ2K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            dot_1x4_by_1x1::<Self, I>(w, a, order)
         }
     }
 }

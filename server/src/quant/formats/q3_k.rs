@@ -88,7 +88,7 @@ impl Weight for Q3K {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock, Sub16Scales};
     use crate::quant::simd::{load128, load256};
@@ -134,15 +134,15 @@ avx2! {
 
     impl<I: Isa> Kernels<I> for Q3K {
         #[inline]
-        fn dot(w: &[BlockQ3K], a: &[BlockQ8K], order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockQ3K], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`.
             unsafe { scaled_dot(w, a, order) }
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockQ3K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
+        fn dot_1x4(w: &[BlockQ3K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            dot_1x4_by_1x1::<Self, I>(w, a, order)
         }
     }
 }

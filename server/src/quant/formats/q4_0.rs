@@ -85,9 +85,8 @@ avx2! {
 
         /// `maddubs` of the nibbles by the activations into i16 lanes, reduced by three rounds
         /// of `phaddw`: exact, because 16 products of a nibble (≤ 15) and an activation
-        /// (|a| ≤ 127) are at most 30480 < 2¹⁵. (Not VNNI's `vpdpbusd` into i32 lanes: on Zen 4
-        /// that was no faster from L2, 21.7 GB/s both, and slower from memory, 13.6-16 GB/s
-        /// against 20.6.)
+        /// (|a| ≤ 127) are at most 30480 < 2¹⁵. (Not VNNI's `vpdpbusd` into i32 lanes: it was no
+        /// faster from L2 and slower from memory.)
         #[inline(always)]
         unsafe fn sums<I: Isa>(pairs: [(__m256i, __m256i); 4], a_lo: __m256i, a_hi: __m256i) -> __m256i {
             let [p0, p1, p2, p3] = pairs.map(|(lo, hi)| {
@@ -104,7 +103,7 @@ avx2! {
 
         /// [`panel::rows`]: the repacked order as a GEMM with weight rows in the lanes.
         #[inline]
-        fn dot_batch_rows(
+        fn rows_xbatch(
             rows: &[u8],
             row_bytes: usize,
             acts: &[&[BlockQ8_0]],
@@ -115,11 +114,11 @@ avx2! {
         }
 
         /// Repacked, [`gemv_nibbles::rows`], eight rows at a time; otherwise
-        /// [`Kernels::dot_4rows`]' kernels quad by quad, each requesting the next as it goes
+        /// [`Kernels::dot_4xn`]' kernels quad by quad, each requesting the next as it goes
         /// ([`block32::rows_ahead`]). (Not eight rows where the order is free: there several
-        /// activation rows take `dot_4rows_n`, whose order a single row must share.)
+        /// activation rows take `dot_4xn`, whose order a single row must share.)
         #[inline]
-        fn gemv_rows(
+        fn rows_x1(
             rows: &[u8],
             row_bytes: usize,
             a: &[BlockQ8_0],
@@ -148,7 +147,7 @@ avx2! {
         /// [`block32::free_rows_n`]: the free order's quads for a batch of streams, each
         /// requesting the next as it goes.
         #[inline]
-        fn gemv_rows_n<const N: usize>(
+        fn rows_xn<const N: usize>(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8_0]; N],
@@ -160,7 +159,7 @@ avx2! {
         }
 
         #[inline]
-        fn dot(w: &[BlockQ4_0], a: &[BlockQ8_0], order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockQ4_0], a: &[BlockQ8_0], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
             // inside the blocks borrowed from `w` and `a`.
             unsafe {
@@ -172,8 +171,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockQ4_0], a: [&[BlockQ8_0]; 4], order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1x4(w: &[BlockQ4_0], a: [&[BlockQ8_0]; 4], order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe {
                 match order {
@@ -184,20 +183,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_4rows(w: [&[BlockQ4_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot`; the kernels check the rows' lengths.
-            unsafe {
-                match order {
-                    DotOrder::Free => block32::vec_dot_4rows::<I, _>(w, a),
-                    DotOrder::Repacked => block32::repacked_4rows::<I, _>(w, a),
-                    _ => block32::vec_dot_4rows_exact::<I, _>(w, a),
-                }
-            }
-        }
-
-        #[inline]
-        fn dot_n<const N: usize>(w: &[BlockQ4_0], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1xn<const N: usize>(w: &[BlockQ4_0], a: [&[BlockQ8_0]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe {
                 match order {
@@ -207,14 +194,24 @@ avx2! {
             }
         }
 
+        /// Free, [`block32::vec_dot_4rows_n`] (one pass over the weights for all N activation
+        /// rows, summing as [`block32::vec_dot_4rows`] does for one); otherwise each row's exact
+        /// chain.
         #[inline]
-        fn dot_4rows_n<const N: usize>(
+        fn dot_4xn<const N: usize>(
             w: [&[BlockQ4_0]; 4],
             a: [&[BlockQ8_0]; N],
-            _order: DotOrder,
+            order: DotOrder,
         ) -> [[f32; 4]; N] {
-            // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows_n::<I, _, _>(w, a) }
+            // SAFETY: as in `dot_1x1`; the kernels check the rows' lengths.
+            unsafe {
+                match order {
+                    DotOrder::Free if N == 1 => std::array::from_fn(|t| block32::vec_dot_4rows::<I, _>(w, a[t])),
+                    DotOrder::Free => block32::vec_dot_4rows_n::<I, _, _>(w, a),
+                    DotOrder::Repacked => std::array::from_fn(|t| block32::repacked_4rows::<I, _>(w, a[t])),
+                    _ => std::array::from_fn(|t| block32::vec_dot_4rows_exact::<I, _>(w, a[t])),
+                }
+            }
         }
     }
 }

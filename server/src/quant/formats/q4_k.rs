@@ -58,7 +58,7 @@ avx2! {
     use std::mem::MaybeUninit;
 
     use crate::quant::blocks::{blocks, f16_to_f32};
-    use crate::quant::format::{dot_x4_rows_by_row, dot_x8_rows_by_row, Kernels};
+    use crate::quant::format::{dot_4xn_by_rows, rows_x4_by_row, rows_x8_by_row, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{
         broadcast_i16_mask, check_table_rows, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
@@ -102,7 +102,7 @@ avx2! {
     impl<I: Isa> Kernels<I> for Q4K {
         /// [`panel_k4::rows`]: the repacked order as a GEMM with weight rows in the lanes.
         #[inline]
-        fn dot_batch_rows(
+        fn rows_xbatch(
             rows: &[u8],
             row_bytes: usize,
             acts: &[&[BlockQ8K]],
@@ -112,9 +112,9 @@ avx2! {
             panel_k4::rows::<I>(rows, row_bytes, acts, order, outs)
         }
 
-        /// Repacked, [`gemm_rows`]; otherwise one [`Kernels::dot_x4`] per row.
+        /// Repacked, [`gemm_rows`]; otherwise one [`Kernels::dot_1x4`] per row.
         #[inline]
-        fn dot_x4_rows(
+        fn rows_x4(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8K]; 4],
@@ -126,14 +126,14 @@ avx2! {
                 // `gemm_rows` checks the lengths it relies on.
                 unsafe { gemm_rows::<I, 4>(rows, row_bytes, a, outs) }
             } else {
-                dot_x4_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs);
+                rows_x4_by_row::<Self, I>(rows, row_bytes, a, order, outs);
             }
         }
 
         /// Repacked, [`gemm_rows`] for both groups of four at once; otherwise the trait's
-        /// default ([`dot_x8_rows_by_row`]).
+        /// default ([`rows_x8_by_row`]).
         #[inline]
-        fn dot_x8_rows(
+        fn rows_x8(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8K]; 8],
@@ -141,11 +141,11 @@ avx2! {
             outs: [&mut [f32]; 8],
         ) {
             match order {
-                // SAFETY: as in `dot_x4_rows`.
+                // SAFETY: as in `rows_x4`.
                 DotOrder::Repacked if fits_gemm_rows(row_bytes) => unsafe {
                     gemm_rows::<I, 8>(rows, row_bytes, a, outs)
                 },
-                _ => dot_x8_rows_by_row::<Self, I>(rows, row_bytes, a, order, outs),
+                _ => rows_x8_by_row::<Self, I>(rows, row_bytes, a, order, outs),
             }
         }
 
@@ -153,7 +153,7 @@ avx2! {
         /// ([`groups_ahead`]). Not inlined, as
         /// [`rows_ahead`](crate::quant::simd::block32::rows_ahead) is not.
         #[inline(never)]
-        fn gemv_rows(
+        fn rows_x1(
             rows: &[u8],
             row_bytes: usize,
             a: &[BlockQ8K],
@@ -161,7 +161,7 @@ avx2! {
             out: &mut [f32],
         ) -> usize {
             match order {
-                // SAFETY: as in `dot_x4`; `groups_ahead` checks the lengths.
+                // SAFETY: as in `dot_1x4`; `groups_ahead` checks the lengths.
                 DotOrder::Repacked => unsafe {
                     let n_rows = out.len();
                     groups_ahead::<I, _, 4>(rows, row_bytes, a.len(), n_rows, |i, w, next| {
@@ -175,35 +175,39 @@ avx2! {
         /// vec_dot takes the min term in four float lanes ([`LaneMins`]); repacked is
         /// [`gemv_n`].
         #[inline]
-        fn dot(w: &[BlockQ4K], a: &[BlockQ8K], order: DotOrder) -> f32 {
-            let [out] = <Self as Kernels<I>>::dot_n(w, [a], order);
+        fn dot_1x1(w: &[BlockQ4K], a: &[BlockQ8K], order: DotOrder) -> f32 {
+            let [out] = <Self as Kernels<I>>::dot_1xn(w, [a], order);
             out
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockQ4K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+        fn dot_1x4(w: &[BlockQ4K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
             match order {
                 // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); chunk
                 // c reads qs[32c..32c+32] of a 128-byte array (c < 4); every activation row
                 // holds as many blocks as `w` (checked by the caller).
                 DotOrder::Repacked => unsafe { gemm::<I>(w, a) },
-                _ => <Self as Kernels<I>>::dot_n(w, a, order),
+                _ => <Self as Kernels<I>>::dot_1xn(w, a, order),
             }
         }
 
-        /// Repacked, [`gemv_4rows`]; otherwise four [`Kernels::dot`]s.
+        /// Repacked, [`gemv_4rows`] per activation row; otherwise each row's own dots.
         #[inline]
-        fn dot_4rows(w: [&[BlockQ4K]; 4], a: &[BlockQ8K], order: DotOrder) -> [f32; 4] {
+        fn dot_4xn<const N: usize>(
+            w: [&[BlockQ4K]; 4],
+            a: [&[BlockQ8K]; N],
+            order: DotOrder,
+        ) -> [[f32; 4]; N] {
             match order {
-                // SAFETY: as in `dot_x4`; the kernel checks the rows' lengths.
-                DotOrder::Repacked => unsafe { gemv_4rows::<I>(w, a) },
-                _ => w.map(|w| <Self as Kernels<I>>::dot(w, a, order)),
+                // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
+                DotOrder::Repacked => std::array::from_fn(|t| unsafe { gemv_4rows::<I>(w, a[t]) }),
+                _ => dot_4xn_by_rows::<Self, I, N>(w, a, order),
             }
         }
 
         #[inline]
-        fn dot_n<const N: usize>(w: &[BlockQ4K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
-            // SAFETY: as in `dot_x4`.
+        fn dot_1xn<const N: usize>(w: &[BlockQ4K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot_1x4`.
             unsafe {
                 match order {
                     DotOrder::Repacked => gemv_n::<I, N>(w, a),
@@ -333,7 +337,7 @@ avx2! {
         }
     }
 
-    /// [`Kernels::dot_x4_rows`] (`N` = 4) and [`Kernels::dot_x8_rows`] (`N` = 8) in the repacked
+    /// [`Kernels::rows_x4`] (`N` = 4) and [`Kernels::rows_x8`] (`N` = 8) in the repacked
     /// order: every output is [`gemm`]'s for its row and its group of four (the same chains, the
     /// same operations), but each weight super-block's quants, scales and mins are unpacked
     /// once for all `N` activation rows, which share one eight-lane accumulator pair, and the

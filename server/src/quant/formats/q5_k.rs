@@ -98,20 +98,20 @@ avx2! {
     impl<I: Isa> Kernels<I> for Q5K {
         /// vec_dot sums the min term in integers, then one scalar FMA ([`ScalarMins`]).
         #[inline]
-        fn dot(w: &[BlockQ5K], a: &[BlockQ8K], order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockQ5K], a: &[BlockQ8K], order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); chunk c
             // reads qs[32c..32c+32] of a 128-byte array (c < 4) and the 32 bytes of qh.
             unsafe { k4_dot::<I, _, ScalarMins>(w, a, order) }
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockQ5K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            <Self as Kernels<I>>::dot_n(w, a, order)
+        fn dot_1x4(w: &[BlockQ5K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            <Self as Kernels<I>>::dot_1xn(w, a, order)
         }
 
         #[inline]
-        fn dot_n<const N: usize>(w: &[BlockQ5K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1xn<const N: usize>(w: &[BlockQ5K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe { k4_dot_n::<I, _, ScalarMins, N>(w, a, order) }
         }

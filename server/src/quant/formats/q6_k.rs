@@ -75,7 +75,7 @@ avx2! {
     use std::mem::MaybeUninit;
 
     use crate::quant::blocks::blocks;
-    use crate::quant::format::{dot_n_by_row, Kernels};
+    use crate::quant::format::{rows_by_1xn, Kernels};
     use crate::quant::isa::{Avx2, Isa};
     use crate::quant::simd::super_block::{
         broadcast_i16_pair_mask, check_table_rows, hsum_i32_rows, lanes8, scaled_dot, scaled_dot_n, scaled_rows, ScaledBlock,
@@ -188,10 +188,10 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Q6K {
-        /// [`scaled_rows`]: row by row, each row's [`Kernels::dot`], requesting the rows ahead
+        /// [`scaled_rows`]: row by row, each row's [`Kernels::dot_1x1`], requesting the rows ahead
         /// as it goes.
         #[inline]
-        fn gemv_rows(
+        fn rows_x1(
             rows: &[u8],
             row_bytes: usize,
             a: &[BlockQ8K],
@@ -210,27 +210,27 @@ avx2! {
         }
 
         #[inline]
-        fn dot(w: &[BlockQ6K], a: &[BlockQ8K], order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockQ6K], a: &[BlockQ8K], order: DotOrder) -> f32 {
             if I::VNNI {
                 // `scaled_dot` with this ISA's sums.
-                let [out] = <Self as Kernels<I>>::dot_n(w, [a], order);
+                let [out] = <Self as Kernels<I>>::dot_1xn(w, [a], order);
                 return out;
             }
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`. (Avx2 keeps this call: through
-            // `dot_n` the compiler lays out its callers' loops otherwise, +0.6 % instructions.)
+            // `dot_1xn` the compiler lays out its callers' loops otherwise, in more instructions.)
             unsafe { scaled_dot(w, a, order) }
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockQ6K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            <Self as Kernels<I>>::dot_n(w, a, order)
+        fn dot_1x4(w: &[BlockQ6K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            <Self as Kernels<I>>::dot_1xn(w, a, order)
         }
 
-        /// Tiled, [`tiled_rows`]; otherwise [`Kernels::dot_n`] per row (what the trait's
-        /// default comes to for a format whose `dot_x4` is its `dot_n`).
+        /// Tiled, [`tiled_rows`]; otherwise [`Kernels::dot_1xn`] per row (what the trait's
+        /// default comes to for a format whose `dot_1x4` is its `dot_1xn`).
         #[inline]
-        fn dot_x8_rows(
+        fn rows_x8(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8K]; 8],
@@ -238,17 +238,17 @@ avx2! {
             outs: [&mut [f32]; 8],
         ) {
             if order == DotOrder::Tiled && row_bytes <= TILED_ROWS_MAX_BLOCKS * size_of::<BlockQ6K>() {
-                // SAFETY: as in `dot_n`; `tiled_rows` checks the lengths it relies on.
+                // SAFETY: as in `dot_1xn`; `tiled_rows` checks the lengths it relies on.
                 unsafe { tiled_rows::<I>(rows, row_bytes, a, outs) }
             } else {
-                dot_n_by_row::<Self, I, 8>(rows, row_bytes, a, order, outs);
+                rows_by_1xn::<Self, I, 8>(rows, row_bytes, a, order, outs);
             }
         }
 
         /// [`panel_tiled::rows`]: the tiled order as a GEMM with weight rows in the lanes (VNNI;
         /// on AVX2 it declines and the groups take [`tiled_rows`]).
         #[inline]
-        fn dot_batch_rows(
+        fn rows_xbatch(
             rows: &[u8],
             row_bytes: usize,
             acts: &[&[BlockQ8K]],
@@ -259,7 +259,7 @@ avx2! {
         }
 
         #[inline]
-        fn dot_n<const N: usize>(w: &[BlockQ6K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
+        fn dot_1xn<const N: usize>(w: &[BlockQ6K], a: [&[BlockQ8K]; N], order: DotOrder) -> [f32; N] {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`, and every activation row holds
             // as many blocks as `w` (checked by the caller).
@@ -268,10 +268,10 @@ avx2! {
     }
 
     /// Super-blocks per row (16384 values) [`tiled_rows`]' scale table holds; wider rows take
-    /// [`Kernels::dot_n`] row by row, in the same order.
+    /// [`Kernels::dot_1xn`] row by row, in the same order.
     const TILED_ROWS_MAX_BLOCKS: usize = 64;
 
-    /// [`Kernels::dot_x8_rows`] in the tiled order: each output is its row's tiled chain (see
+    /// [`Kernels::rows_x8`] in the tiled order: each output is its row's tiled chain (see
     /// [`tiled`](crate::quant::simd::super_block::tiled)), lane k of one accumulator holding
     /// activation row k's, so the eight rows' integer sums are reduced together and each
     /// super-block takes one multiply by d_w and one FMA by d_a for all eight. The activation

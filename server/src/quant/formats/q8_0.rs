@@ -63,8 +63,8 @@ fn quantize_scalar(x: &[f32], out: &mut [BlockQ8_0]) {
 /// [`Q8_0::quantize`] eight lanes at a time, as ggml's AVX2 branch: the same amax (a max of
 /// absolute values, exact in any order), the same scalar `d` and `id`, and `x·id` rounded to
 /// nearest even by `vroundps`, exactly `round_ties_even`; |x·id| ≤ 127 needs no saturation.
-/// Prefill quantises every activation row once per matmul on one thread (4.6 % of a 1B
-/// model's prefill in the scalar form).
+/// Prefill quantises every activation row once per matmul on one thread, where the scalar form
+/// was a visible share of a prefill.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
 unsafe fn quantize_avx2(x: &[f32], out: &mut [BlockQ8_0]) {
     use std::arch::x86_64::*;
@@ -126,45 +126,43 @@ avx2! {
         block32::tiled_rows!(plain_vec_dot: true);
 
         #[inline]
-        fn dot(w: &[BlockQ8_0], a: &[BlockQ8_0], _order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockQ8_0], a: &[BlockQ8_0], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); loads stay
             // inside the blocks borrowed from `w` and `a`.
             unsafe { block32::vec_dot::<I, _>(w, a) }
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockQ8_0], a: [&[BlockQ8_0]; 4], _order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1x4(w: &[BlockQ8_0], a: [&[BlockQ8_0]; 4], _order: DotOrder) -> [f32; 4] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe { block32::vec_dot_n::<I, _, _>(w, a) }
         }
 
         #[inline]
-        fn dot_4rows(w: [&[BlockQ8_0]; 4], a: &[BlockQ8_0], order: DotOrder) -> [f32; 4] {
-            // SAFETY: as in `dot`; the kernels check the rows' lengths.
-            unsafe {
-                match order {
-                    DotOrder::Free => block32::vec_dot_4rows::<I, _>(w, a),
-                    _ => block32::vec_dot_4rows_exact::<I, _>(w, a),
-                }
-            }
-        }
-
-        #[inline]
-        fn dot_n<const N: usize>(w: &[BlockQ8_0], a: [&[BlockQ8_0]; N], _order: DotOrder) -> [f32; N] {
-            // SAFETY: as in `dot`; every activation row holds as many blocks as `w` (checked by
+        fn dot_1xn<const N: usize>(w: &[BlockQ8_0], a: [&[BlockQ8_0]; N], _order: DotOrder) -> [f32; N] {
+            // SAFETY: as in `dot_1x1`; every activation row holds as many blocks as `w` (checked by
             // the caller).
             unsafe { block32::vec_dot_n::<I, _, _>(w, a) }
         }
 
+        /// Free, [`block32::vec_dot_4rows_n`] (one pass over the weights for all N activation
+        /// rows, summing as [`block32::vec_dot_4rows`] does for one); otherwise each row's exact
+        /// chain.
         #[inline]
-        fn dot_4rows_n<const N: usize>(
+        fn dot_4xn<const N: usize>(
             w: [&[BlockQ8_0]; 4],
             a: [&[BlockQ8_0]; N],
-            _order: DotOrder,
+            order: DotOrder,
         ) -> [[f32; 4]; N] {
-            // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-            unsafe { block32::vec_dot_4rows_n::<I, _, _>(w, a) }
+            // SAFETY: as in `dot_1x1`; the kernels check the rows' lengths.
+            unsafe {
+                match order {
+                    DotOrder::Free if N == 1 => std::array::from_fn(|t| block32::vec_dot_4rows::<I, _>(w, a[t])),
+                    DotOrder::Free => block32::vec_dot_4rows_n::<I, _, _>(w, a),
+                    _ => std::array::from_fn(|t| block32::vec_dot_4rows_exact::<I, _>(w, a[t])),
+                }
+            }
         }
     }
 }

@@ -70,7 +70,7 @@ impl Weight for Tq1_0 {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_x4_by_rows, Kernels};
+    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::ternary_dot;
     use crate::quant::simd::{load128, load256};
@@ -103,7 +103,7 @@ avx2! {
         /// ggml's AVX2 `ggml_vec_dot_tq1_0_q8_K`: trits (values + 1) dotted in i16 lanes in
         /// element order, see [`ternary_dot`].
         #[inline]
-        fn dot(w: &[BlockTq1_0], a: &[BlockQ8K], _order: DotOrder) -> f32 {
+        fn dot_1x1(w: &[BlockTq1_0], a: &[BlockQ8K], _order: DotOrder) -> f32 {
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); every load
             // stays inside the blocks borrowed from `w` and `a`.
             unsafe {
@@ -139,8 +139,8 @@ avx2! {
         }
 
         #[inline]
-        fn dot_x4(w: &[BlockTq1_0], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_x4_by_rows::<Self, I>(w, a, order)
+        fn dot_1x4(w: &[BlockTq1_0], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
+            dot_1x4_by_1x1::<Self, I>(w, a, order)
         }
     }
 

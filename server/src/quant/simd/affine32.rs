@@ -255,7 +255,7 @@ unsafe fn row_n<I: Isa, B: AffineBlock32, const N: usize>(
 macro_rules! affine_kernels {
     ($block:ty) => {
         #[inline]
-        fn dot(
+        fn dot_1x1(
             w: &[$block],
             a: &[$crate::quant::formats::q8_1::BlockQ8_1],
             _order: $crate::quant::DotOrder,
@@ -266,51 +266,59 @@ macro_rules! affine_kernels {
         }
 
         #[inline]
-        fn dot_x4(
+        fn dot_1x4(
             w: &[$block],
             a: [&[$crate::quant::formats::q8_1::BlockQ8_1]; 4],
             _order: $crate::quant::DotOrder,
         ) -> [f32; 4] {
-            // SAFETY: as in `dot`; the kernel checks the activation rows' lengths.
+            // SAFETY: as in `dot_1x1`; the kernel checks the activation rows' lengths.
             unsafe { $crate::quant::simd::affine32::vec_dot_n::<I, $block, 4>(w, a) }
         }
 
         #[inline]
-        fn dot_n<const N: usize>(
+        fn dot_1xn<const N: usize>(
             w: &[$block],
             a: [&[$crate::quant::formats::q8_1::BlockQ8_1]; N],
             _order: $crate::quant::DotOrder,
         ) -> [f32; N] {
-            // SAFETY: as in `dot_x4`.
+            // SAFETY: as in `dot_1x4`.
             unsafe { $crate::quant::simd::affine32::vec_dot_n::<I, $block, N>(w, a) }
         }
 
+        /// One activation row, [`vec_dot_4rows`](crate::quant::simd::affine32::vec_dot_4rows);
+        /// several, each weight row's `dot_1xn`.
         #[inline]
-        fn dot_4rows(
+        fn dot_4xn<const N: usize>(
             w: [&[$block]; 4],
-            a: &[$crate::quant::formats::q8_1::BlockQ8_1],
-            _order: $crate::quant::DotOrder,
-        ) -> [f32; 4] {
-            // SAFETY: as in `dot`; the kernel checks the rows' lengths.
-            unsafe { $crate::quant::simd::affine32::vec_dot_4rows::<I, $block>(w, a) }
+            a: [&[$crate::quant::formats::q8_1::BlockQ8_1]; N],
+            order: $crate::quant::DotOrder,
+        ) -> [[f32; 4]; N] {
+            if N == 1 {
+                // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
+                std::array::from_fn(|t| unsafe {
+                    $crate::quant::simd::affine32::vec_dot_4rows::<I, $block>(w, a[t])
+                })
+            } else {
+                $crate::quant::format::dot_4xn_by_rows::<Self, I, N>(w, a, order)
+            }
         }
 
         #[inline]
-        fn gemv_rows(
+        fn rows_x1(
             rows: &[u8],
             row_bytes: usize,
             a: &[$crate::quant::formats::q8_1::BlockQ8_1],
             _order: $crate::quant::DotOrder,
             out: &mut [f32],
         ) -> usize {
-            // SAFETY: as in `dot`; the kernel checks the lengths it relies on.
+            // SAFETY: as in `dot_1x1`; the kernel checks the lengths it relies on.
             unsafe {
                 $crate::quant::simd::affine32::rows_ahead::<I, $block>(rows, row_bytes, a, out)
             }
         }
 
         #[inline]
-        fn dot_x4_rows(
+        fn rows_x4(
             rows: &[u8],
             row_bytes: usize,
             a: [&[$crate::quant::formats::q8_1::BlockQ8_1]; 4],
@@ -318,7 +326,7 @@ macro_rules! affine_kernels {
             outs: [&mut [f32]; 4],
         ) {
             let [o0, o1, o2, o3] = outs;
-            // SAFETY: as in `dot`; the kernel checks the lengths it relies on.
+            // SAFETY: as in `dot_1x1`; the kernel checks the lengths it relies on.
             let done = unsafe {
                 $crate::quant::simd::affine32::rows_n::<I, $block, 4>(
                     rows,
@@ -328,7 +336,7 @@ macro_rules! affine_kernels {
                 )
             };
             if !done {
-                $crate::quant::format::dot_x4_rows_by_row::<Self, I>(
+                $crate::quant::format::rows_x4_by_row::<Self, I>(
                     rows,
                     row_bytes,
                     a,
@@ -339,7 +347,7 @@ macro_rules! affine_kernels {
         }
 
         #[inline]
-        fn dot_x8_rows(
+        fn rows_x8(
             rows: &[u8],
             row_bytes: usize,
             a: [&[$crate::quant::formats::q8_1::BlockQ8_1]; 8],
@@ -347,7 +355,7 @@ macro_rules! affine_kernels {
             outs: [&mut [f32]; 8],
         ) {
             let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
-            // SAFETY: as in `dot_x4_rows`.
+            // SAFETY: as in `rows_x4`.
             let done = unsafe {
                 $crate::quant::simd::affine32::rows_n::<I, $block, 8>(
                     rows,
@@ -360,7 +368,7 @@ macro_rules! affine_kernels {
                 )
             };
             if !done {
-                $crate::quant::format::dot_n_by_row::<Self, I, 8>(
+                $crate::quant::format::rows_by_1xn::<Self, I, 8>(
                     rows,
                     row_bytes,
                     a,

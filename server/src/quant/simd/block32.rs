@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use super::{dpbusd, f16_lanes, fma_scaled, groups_ahead, request_next, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
 use crate::quant::blocks::{f16_to_f32, Block};
-use crate::quant::format::{dot_x4_rows_by_row, Kernels, WeightRow};
+use crate::quant::format::{rows_x4_by_row, Kernels, WeightRow};
 use crate::quant::isa::Isa;
 use crate::quant::formats::q8_0::{BlockQ8_0, Q8_0};
 use crate::quant::DotOrder;
@@ -408,12 +408,12 @@ pub unsafe fn repacked_n<I: Isa, B: SignedBlock32, const N: usize>(
     std::array::from_fn(|t| all[t])
 }
 
-/// The [`Kernels::dot_x4_rows`] and [`Kernels::dot_x8_rows`] of a 32-value format, both
+/// The [`Kernels::rows_x4`] and [`Kernels::rows_x8`] of a 32-value format, both
 /// [`dot_rows_tiled`] (`plain_vec_dot` as there), written once for the formats' `impl Kernels`.
 macro_rules! tiled_rows {
     (plain_vec_dot: $plain:expr) => {
         #[inline]
-        fn dot_x4_rows(
+        fn rows_x4(
             rows: &[u8],
             row_bytes: usize,
             a: [&[$crate::quant::formats::q8_0::BlockQ8_0]; 4],
@@ -426,7 +426,7 @@ macro_rules! tiled_rows {
         }
 
         #[inline]
-        fn dot_x8_rows(
+        fn rows_x8(
             rows: &[u8],
             row_bytes: usize,
             a: [&[$crate::quant::formats::q8_0::BlockQ8_0]; 8],
@@ -441,14 +441,14 @@ macro_rules! tiled_rows {
 }
 pub(crate) use tiled_rows;
 
-/// The [`Kernels::gemv_rows`] and [`Kernels::gemv_rows_n`] of a 32-value format whose four-row
+/// The [`Kernels::rows_x1`] and [`Kernels::rows_xn`] of a 32-value format whose four-row
 /// kernels are [`vec_dot_4rows`] in the free order and [`vec_dot_4rows_exact`] in every other
 /// (Q8_0, Q5_0): [`free_or_exact_rows`] and [`free_rows_n`], written once for the formats'
 /// `impl Kernels`.
 macro_rules! free_or_exact_gemv {
     ($block:ty) => {
         #[inline]
-        fn gemv_rows(
+        fn rows_x1(
             rows: &[u8],
             row_bytes: usize,
             a: &[$crate::quant::formats::q8_0::BlockQ8_0],
@@ -465,7 +465,7 @@ macro_rules! free_or_exact_gemv {
         }
 
         #[inline]
-        fn gemv_rows_n<const N: usize>(
+        fn rows_xn<const N: usize>(
             rows: &[u8],
             row_bytes: usize,
             a: [&[$crate::quant::formats::q8_0::BlockQ8_0]; N],
@@ -480,8 +480,8 @@ macro_rules! free_or_exact_gemv {
 }
 pub(crate) use free_or_exact_gemv;
 
-/// [`Kernels::dot_x4_rows`] (`N` = 4) or [`Kernels::dot_x8_rows`] (`N` = 8, two groups of four
-/// computed together) of a 32-value format whose `dot_x4` is [`repacked_n`] in the repacked
+/// [`Kernels::rows_x4`] (`N` = 4) or [`Kernels::rows_x8`] (`N` = 8, two groups of four
+/// computed together) of a 32-value format whose `dot_1x4` is [`repacked_n`] in the repacked
 /// order where its row of the table lists that order, and [`vec_dot_n`] in every other order if
 /// `plain_vec_dot`: those go through [`rows_n`]; the rest (IQ4_NL's two-chain vec_dot, rows too
 /// wide for the table) row by row, four activation rows at a time.
@@ -512,7 +512,7 @@ pub fn dot_rows_tiled<W, I: Isa, const N: usize>(
             for a in a.chunks_exact(4) {
                 let a = [a[0], a[1], a[2], a[3]];
                 let o = std::array::from_fn(|_| outs.next().expect("N is 4 or 8"));
-                dot_x4_rows_by_row::<W, I>(rows, row_bytes, a, order, o);
+                rows_x4_by_row::<W, I>(rows, row_bytes, a, order, o);
             }
         }
     }

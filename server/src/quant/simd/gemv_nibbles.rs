@@ -23,12 +23,10 @@
 //! count matters there twice).
 //!
 //! Each group requests the next group's lines as it goes ([`groups_ahead`], as the four-row
-//! kernels do). On Zen 4 (`kernel_bench`, 2048-wide rows, 1 thread):
-//! - Q4_0: 21.7 GB/s from L2 and from memory, against 17.3-17.8 and 17.0-17.8 for the four-row
-//!   VNNI kernel. The AVX2 kernel (the same one) read 9-9.5 GB/s from memory with its own
-//!   earlier scheme, `prefetcht0` sixteen blocks ahead within the rows.
-//! - IQ4_NL with VNNI: 16.0-17.0 GB/s from L2 (four-row: 14.3-14.8), 14.5-15.1 from memory
-//!   (14.3-14.4).
+//! kernels do), rather than prefetching blocks ahead within the rows: decode streams the
+//! weights from memory, and the requests keep more lines in flight than the rows' own loads.
+//! (Figures for this kernel against the four-row one: the commit history and
+//! docs/performance.md.)
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -145,9 +143,8 @@ unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
     // Runs of a line's worth of blocks, each run requesting the next group's lines once
     // (`request_lines`; the blocks are in order either way). This loop's speed from memory
     // depends on its shape more than its instruction count shows: written as plain nested
-    // loops, with IQ4_NL's sums unchanged, it read 14.9-15.9 GB/s from memory instead of
-    // 22.7-23.3 (the same from L2; Zen 4), and a `block` that LLVM leaves as a call costs
-    // more (Q4_0: 13.6 instead of 24). Measure any change from memory, in all four instances.
+    // loops it reads markedly slower from memory (not from L2), and a `block` that LLVM leaves
+    // as a call slower still. Measure any change from memory, in all four instances.
     let run = blocks_per_request::<B>();
     const { assert!(blocks_per_request::<B>() <= 4, "a run longer than `unrolled` takes") };
     for start in (0..n).step_by(run) {

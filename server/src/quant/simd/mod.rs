@@ -36,13 +36,12 @@ pub mod super_block;
 ///
 /// The rows are streams too short for the hardware prefetcher to ramp up on, and requesting a
 /// whole group's lines at once stalls on the core's few miss buffers; requested block by block,
-/// [`quads_ahead_of`] quads (at least one group) ahead, the loads keep streaming (the default
-/// model's Q8_0 LM head in decode: +18-35 % tok/s, 1 thread, Zen 3).
+/// [`quads_ahead_of`] quads (at least one group) ahead, the loads keep streaming.
 ///
 /// Its callers, decode's mat-vec entry points, are `#[inline(never)]`: in a function of its own
 /// the compiler inlines a kernel's helpers (the maps over the rows) into the loop; inlined into
-/// `dot_rows`' dispatch, which holds every order's kernels, they were left as calls (Q4_0
-/// decode -25 %).
+/// `dot_rows`' dispatch, which holds every order's kernels, they were left as calls, which
+/// slows decode markedly.
 #[inline(always)]
 pub unsafe fn groups_ahead<I: Isa, B: Block, const R: usize>(
     rows: &[u8],
@@ -72,11 +71,10 @@ pub unsafe fn groups_ahead<I: Isa, B: Block, const R: usize>(
 
 /// How far ahead, in quads of rows, [`groups_ahead`] requests (the eight-row kernels: one group
 /// either way, unmeasured on Zen 1-3). The CPUs with VNNI (Zen 4 and 5, Intel from Cascade Lake)
-/// honour `prefetcht1` (L2, see [`request_next`]), whose deeper queue keeps two quads in flight:
-/// the default model's decode on Zen 4, 3 alternating runs of `bench -n 32`, 1 thread:
-/// 43.5-54.2 tok/s one quad ahead, 67.7-71.7 two, 70.6-72.2 four (Gemma 1B IQ4_XS 17.5-20.9,
-/// 21.0-24.2, 21.5-23.1). The rest (Zen 1-3, whose hints all fill L1) keep one: on
-/// Zen 3 two quads ahead was 4-8 % slower (35.9/32.8/31.7 vs 38.4/35.9/33.6 tok/s).
+/// honour `prefetcht1` (L2, see [`request_next`]), whose deeper queue keeps two quads in flight
+/// (two is clearly faster than one there, and four no faster than two). The rest (Zen 1-3,
+/// whose hints all fill L1) keep one: there a second quad's early lines evict the ones being
+/// read, and two quads ahead was slower.
 #[inline(always)]
 pub const fn quads_ahead_of<I: Isa>() -> usize {
     if I::VNNI {
@@ -88,16 +86,13 @@ pub const fn quads_ahead_of<I: Isa>() -> usize {
 
 /// The least distance, in bytes, [`groups_ahead`] requests ahead where the requests go to L2
 /// ([`quads_ahead_of`]): with narrow rows two quads are only a few KB, too close to hide the
-/// memory's latency. `kernel_bench` on Zen 4, 1 thread, from memory, 3 alternating runs, the
-/// quads' distance vs at least 8 KB: Q8_0 free-order 640-wide (the default model's LM head)
-/// 28.4-29.1 -> 30.5-34.9 GB/s; eight-row 1152-wide (Gemma 1B) IQ4_NL 20.4-20.5 -> 21.9-22.2,
-/// Q4_0 21.5-22.0 -> 23.3-23.6; rows already that far apart (Q4_0 2048-wide, Q8_0
-/// 1152-wide) unchanged. The L1 hints of Zen 1-3 keep the quads' distance (see above).
+/// memory's latency (narrow rows, such as the default model's LM head, gain from at least 8 KB;
+/// rows already that far apart are unchanged). The L1 hints of Zen 1-3 keep the quads'
+/// distance (see above).
 ///
 /// Only the 32-value formats (blocks under a line), where it was measured: for Q4_K's four-row
 /// kernel the distance is two quads either way, but computed at run time it changed how LLVM
-/// laid out the loop's registers, and the kernel read 18.1-18.8 GB/s from memory instead of
-/// 23.2-23.5 (2048-wide, 4 alternating runs).
+/// laid out the loop's registers, and the kernel read markedly slower from memory.
 #[inline(always)]
 const fn min_bytes_ahead_of<I: Isa, B>() -> usize {
     if I::VNNI && size_of::<B>() < CACHE_LINE {
@@ -109,8 +104,8 @@ const fn min_bytes_ahead_of<I: Isa, B>() -> usize {
 
 /// `f(0)`, `f(1)`, ..., `f(N - 1)` written out, not a loop: in a loop over sub-blocks or chunks
 /// LLVM keeps the loop rolled and builds each step's shuffle masks and offsets from the index at
-/// run time; called with constants, they are constants. Q4_K's decode kernel read 14.8 GB/s from
-/// memory as a loop and 21-23 written out (with its scales unpacked in a register; Zen 4).
+/// run time; called with constants, they are constants (Q4_K's decode kernel, with its scales
+/// unpacked in a register, is much faster written out than as a loop).
 #[inline(always)]
 pub fn unrolled<const N: usize>(mut f: impl FnMut(usize)) {
     const { assert!(N <= 8, "unrolled: up to eight steps") };
@@ -138,11 +133,9 @@ pub fn request_block<B>(b: &B) {
 /// requested by their last byte every [`blocks_per_request`] blocks (at most a line apart, so no
 /// line is skipped), the first block also by its first; larger ones by every line
 /// ([`request_block`]).
-/// L2, not L1 (`prefetcht1`): on Zen 4, which honours the hint, the default model's decode at
-/// 1 thread went from 37.5-41.1 tok/s with `prefetcht0` to 48.2-56.5 (3 alternating runs;
-/// Gemma 1B IQ4_XS 15.4-15.6 -> 18.2-19.7, Llama 1B Q4_0 17.3-18.6 -> 19.9-20.0): four rows'
-/// worth of early lines in L1 evict the lines the kernel is reading. Zen 1-3 load every hint
-/// into L1, so they see no change.
+/// L2, not L1 (`prefetcht1`): on a CPU that honours the hint (Zen 4), four rows' worth of early
+/// lines in L1 evict the lines the kernel is reading, so decode is clearly faster with the
+/// requests in L2. Zen 1-3 load every hint into L1, so they see no change.
 #[inline(always)]
 pub unsafe fn request_next<B, const R: usize>(next: Option<[&[B]; R]>, i: usize) {
     if i.is_multiple_of(blocks_per_request::<B>()) {
@@ -231,8 +224,7 @@ pub unsafe fn load128(p: *const u8) -> __m128i {
 /// The f16 bits of `R` (≤ 8) blocks' scales as i16 lanes 0..R (the rest 0), for `cvtph`. Packed
 /// four to a 64-bit word in general-purpose registers, which are idle in the kernels:
 /// `_mm_setr_epi16` from separate addresses is a `vpinsrw` and an unpack per value on the
-/// vector shuffle pipe, which the nibble lookups and horizontal adds keep busy (the eight-row
-/// IQ4_NL decode kernel on Zen 4, from L2: 19.4 -> 22.4 GB/s).
+/// vector shuffle pipe, which the nibble lookups and horizontal adds keep busy.
 #[inline(always)]
 pub unsafe fn f16_lanes<const R: usize>(h: [[u8; 2]; R]) -> __m128i {
     const { assert!(R <= 8, "f16_lanes: up to eight values") };
@@ -302,10 +294,9 @@ pub unsafe fn dpwssd<I: Isa>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 }
 
 /// `(a & mask) | b`: with VNNI (which comes with AVX512VL here) one `vpternlogd`, otherwise an
-/// `and` and an `or`. Unpacking a quant from a low part and a high part is this per 32 values.
-/// Q6_K's decode kernel (eight per super-block) on Zen 4, 2048-wide rows, 1 thread, alternating
-/// with the and+or build: from L2 30.7-31.1 -> 34.6-35.1 GB/s; from memory 21.9-22.8 ->
-/// 25.9-26.1 in one set of runs, 20.6 -> 22.5 in another (a busier machine).
+/// `and` and an `or`. Unpacking a quant from a low part and a high part is this per 32 values
+/// (eight per super-block in Q6_K's decode kernel), so one instruction fewer there is worth it
+/// from L2 and from memory alike.
 #[inline(always)]
 pub unsafe fn and_or<I: Isa>(a: __m256i, mask: __m256i, b: __m256i) -> __m256i {
     if I::VNNI {

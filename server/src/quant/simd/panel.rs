@@ -79,7 +79,7 @@ unsafe fn panel_quants<I: Isa, B: SignedBlock32>(b: &B) -> __m256i {
     }
 }
 
-/// [`Kernels::dot_batch_rows`](crate::quant::format::Kernels::dot_batch_rows) of a 32-value
+/// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of a 32-value
 /// format `W`: [`gemm`] in the repacked order where `W` lists it, [`serves`] says so and there
 /// are at least [`MIN_ACTS`] activation rows; otherwise false, nothing written.
 #[inline(always)]

@@ -37,7 +37,7 @@ use crate::quant::DotOrder;
 const SLICE_BLOCKS: usize = 8;
 
 
-/// [`Kernels::dot_batch_rows`](crate::quant::format::Kernels::dot_batch_rows) of Q4_K: [`gemm`]
+/// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of Q4_K: [`gemm`]
 /// in the repacked order with at least [`MIN_ACTS`] activation rows; otherwise false, nothing
 /// written.
 #[inline(always)]

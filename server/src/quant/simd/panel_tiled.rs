@@ -76,7 +76,7 @@ pub const fn serves<I: Isa, B: TiledBlock>() -> bool {
     I::VNNI || B::AVX2
 }
 
-/// [`Kernels::dot_batch_rows`](crate::quant::format::Kernels::dot_batch_rows) of a mins-free
+/// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of a mins-free
 /// K-quant: [`gemm`] in the tiled order where [`serves`] says so, with at least [`MIN_ACTS`]
 /// activation rows; otherwise false, nothing written.
 #[inline(always)]

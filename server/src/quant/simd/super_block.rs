@@ -438,11 +438,9 @@ unsafe fn vec_dot_step(d_w: f32, sumi: __m256i, y: &BlockQ8K, acc: __m256) -> __
 /// Decode's mat-vec for a mins-free K-quant: `out[i]` = row i · `a`, each exactly
 /// [`scaled_dot`]'s, `R` rows at a time: `sumi` gives a super-block's integer lanes for `R`
 /// weight rows at once, so a format can interleave their chains and keep the multiply pipes
-/// busy. IQ4_XS's kernel on Zen 4, 2048-wide rows from L2: 10.2-10.4 GB/s one row at a time,
-/// 12.2-12.7 four at a time; from memory, and Gemma 1B's decode, unchanged within the noise.
-/// With its sub-blocks in pairs (`formats/iq4_xs.rs`), 1024-wide rows: four rows at a time
-/// 13.1 GB/s from L2, two 15.3 (13.2 from memory, against 10.3-11.9 before the pairs).
-/// As it reads super-block j, it requests super-block j of the rows [`rows_ahead_of`] (at
+/// busy (from L2; from memory the rows' loads bound it either way). IQ4_XS, with its
+/// sub-blocks in pairs (`formats/iq4_xs.rs`), runs two rows at a time with VNNI (faster than
+/// four; without VNNI two spill vectors, so one). As it reads super-block j, it requests super-block j of the rows [`rows_ahead_of`] (at
 /// least `R`) ahead. Returns how many rows it wrote (all, or none when the lengths do not
 /// fit).
 // Not inlined: see `groups_ahead`.
@@ -518,10 +516,8 @@ unsafe fn scaled_rows_ahead<B: ScaledBlock, const R: usize>(
 
 /// How many rows ahead [`scaled_rows`] requests lines: the rows are read one after another, so
 /// this is the distance in the matrix's one stream (two 2048-wide Q6_K rows: 3.4 KB). The CPUs
-/// with VNNI put the requests in L2 ([`super::quads_ahead_of`]) and want twice that: Llama 1B's
-/// decode (a 128256×2048 Q6_K LM head) on Zen 4, `bench -n 32`, 1 thread, 3 alternating runs,
-/// two rows ahead vs four: Q4_K_M 18.1/19.2/18.5 vs 18.9/20.2/19.7 tok/s, Q4_0 19.5/19.3 vs
-/// 21.1/20.5; eight was no better (17.3/19.7/19.2), nor were 2 threads, within their noise.
+/// with VNNI put the requests in L2 ([`super::quads_ahead_of`]), whose deeper queue wants twice
+/// that (on a large Q6_K LM head four rows ahead beat two, and eight was no better than four).
 #[inline(always)]
 const fn rows_ahead_of<I: Isa>() -> usize {
     if I::VNNI {
