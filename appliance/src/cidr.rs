@@ -69,37 +69,62 @@ fn mask_u128(prefix: u8) -> u128 {
     u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0)
 }
 
-impl std::str::FromStr for Cidr {
-    type Err = String;
+/// Why a text is not a network, with the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    #[error("`{text}` is not a CIDR: write the prefix length too, e.g. `{text}/32`")]
+    NoPrefix { text: String },
+    #[error("`{text}` is not a CIDR: `{addr}` is not an IP address")]
+    NotAnAddress { text: String, addr: String },
+    #[error("`{text}` is not a CIDR: the prefix length must be a number from 0 to {max}")]
+    BadPrefix { text: String, max: u8 },
+    #[error(
+        "`{text}` has bits set past its /{prefix} prefix: write the network, `{network}/{prefix}`"
+    )]
+    HostBits {
+        text: String,
+        network: IpAddr,
+        prefix: u8,
+    },
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (addr, prefix) = s.split_once('/').ok_or_else(|| {
-            format!("`{s}` is not a CIDR: write the prefix length too, e.g. `{s}/32`")
+impl std::str::FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(s: &str) -> Result<Self, CidrError> {
+        let text = || s.to_owned();
+        let (addr, prefix) = s
+            .split_once('/')
+            .ok_or_else(|| CidrError::NoPrefix { text: text() })?;
+        let addr: IpAddr = addr.parse().map_err(|_| CidrError::NotAnAddress {
+            text: text(),
+            addr: addr.to_owned(),
         })?;
-        let addr: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("`{s}` is not a CIDR: `{addr}` is not an IP address"))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix: u8 = prefix.parse().ok().filter(|p| *p <= max).ok_or_else(|| {
-            format!("`{s}` is not a CIDR: the prefix length must be a number from 0 to {max}")
-        })?;
+        let prefix: u8 = prefix
+            .parse()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| CidrError::BadPrefix { text: text(), max })?;
         let network = match addr {
             IpAddr::V4(a) => IpAddr::from((u32::from(a) & mask_u32(prefix)).to_be_bytes()),
             IpAddr::V6(a) => IpAddr::from((u128::from(a) & mask_u128(prefix)).to_be_bytes()),
         };
         if network != addr {
-            return Err(format!(
-                "`{s}` has bits set past its /{prefix} prefix: write the network, `{network}/{prefix}`"
-            ));
+            return Err(CidrError::HostBits {
+                text: text(),
+                network,
+                prefix,
+            });
         }
         Ok(Cidr { addr, prefix })
     }
 }
 
 impl TryFrom<String> for Cidr {
-    type Error = String;
+    type Error = CidrError;
 
-    fn try_from(s: String) -> Result<Self, String> {
+    fn try_from(s: String) -> Result<Self, CidrError> {
         s.parse()
     }
 }
@@ -129,7 +154,7 @@ mod tests {
 
     #[test]
     fn rejects_malformed_input_naming_the_fix() {
-        let err = |s: &str| s.parse::<Cidr>().unwrap_err();
+        let err = |s: &str| s.parse::<Cidr>().unwrap_err().to_string();
         assert!(err("10.0.0.1").contains("`10.0.0.1/32`"));
         assert!(err("10.0.0.300/8").contains("not an IP address"));
         assert!(err("10.0.0.0/33").contains("from 0 to 32"));

@@ -258,28 +258,38 @@ fn free_bytes(dir: &Path) -> nix::Result<u64> {
     Ok((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
 }
 
+/// The longest file name `POST /slots/{id}` takes.
+const MAX_FILE_NAME: usize = 128;
+
+/// Why a file name given to `POST /slots/{id}` is refused, with the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileNameError {
+    #[error("`filename` is empty: give a file name such as \"chat.kv\"")]
+    Empty,
+    #[error("`filename` is {0} bytes long; at most {MAX_FILE_NAME}")]
+    TooLong(usize),
+    #[error("`filename` may not start with `.` (no `..`, no hidden files)")]
+    Hidden,
+    #[error("`filename` {0:?} may hold only letters, digits, `-`, `_` and `.` (no `/`): it names a file inside --slot-save-path")]
+    BadCharacter(String),
+}
+
 /// Checks a file name given to `POST /slots/{id}`: a plain name inside the directory.
-pub fn check_file_name(name: &str) -> Result<(), String> {
-    const MAX: usize = 128;
+pub fn check_file_name(name: &str) -> Result<(), FileNameError> {
     if name.is_empty() {
-        return Err("`filename` is empty: give a file name such as \"chat.kv\"".into());
+        return Err(FileNameError::Empty);
     }
-    if name.len() > MAX {
-        return Err(format!(
-            "`filename` is {} bytes long; at most {MAX}",
-            name.len()
-        ));
+    if name.len() > MAX_FILE_NAME {
+        return Err(FileNameError::TooLong(name.len()));
     }
     if name.starts_with('.') {
-        return Err("`filename` may not start with `.` (no `..`, no hidden files)".into());
+        return Err(FileNameError::Hidden);
     }
     let ok = name
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if !ok {
-        return Err(format!(
-            "`filename` {name:?} may hold only letters, digits, `-`, `_` and `.` (no `/`): it names a file inside --slot-save-path"
-        ));
+        return Err(FileNameError::BadCharacter(name.to_owned()));
     }
     Ok(())
 }

@@ -61,6 +61,21 @@ pub struct ConnArgs {
 /// and connections on their way out (evicted or refused, not yet closed).
 const FD_RESERVE: u64 = 64;
 
+/// Connection flags that contradict each other, with the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnArgsError {
+    #[error(
+        "--max-connections-per-ip {per_ip} must be below --max-connections {total}: otherwise one \
+         client address can take every connection; lower it or raise --max-connections"
+    )]
+    PerIpNotBelowTotal { per_ip: u32, total: u32 },
+    #[error(
+        "--max-connection-age {age} must exceed --request-timeout {request}: a connection must \
+         outlive the longest request; raise it or lower --request-timeout"
+    )]
+    AgeNotAboveRequest { age: u64, request: u64 },
+}
+
 impl ConnArgs {
     /// The limits every connection is held to, checked against each other and against the
     /// process's file descriptor limit, which is raised to its hard maximum first (an open
@@ -70,22 +85,18 @@ impl ConnArgs {
         max_connections: u32,
         header_timeout: Duration,
         request_timeout: Duration,
-    ) -> Result<ConnLimits, String> {
+    ) -> Result<ConnLimits, ConnArgsError> {
         if self.max_connections_per_ip >= max_connections {
-            return Err(format!(
-                "--max-connections-per-ip {} must be below --max-connections {max_connections}: \
-                 otherwise one client address can take every connection; lower it or raise \
-                 --max-connections",
-                self.max_connections_per_ip
-            ));
+            return Err(ConnArgsError::PerIpNotBelowTotal {
+                per_ip: self.max_connections_per_ip,
+                total: max_connections,
+            });
         }
         if self.max_connection_age <= request_timeout.as_secs() {
-            return Err(format!(
-                "--max-connection-age {} must exceed --request-timeout {}: a connection must \
-                 outlive the longest request; raise it or lower --request-timeout",
-                self.max_connection_age,
-                request_timeout.as_secs()
-            ));
+            return Err(ConnArgsError::AgeNotAboveRequest {
+                age: self.max_connection_age,
+                request: request_timeout.as_secs(),
+            });
         }
         let mut max_connections = max_connections as usize;
         match raise_fd_limit() {

@@ -57,7 +57,7 @@ pub async fn action(
             ))
         }
         (_, Some(name)) => {
-            check_file_name(&name).map_err(|m| ApiError::bad_param("filename", m))?;
+            check_file_name(&name).map_err(|e| ApiError::bad_param("filename", e.to_string()))?;
             name
         }
     };
