@@ -7,7 +7,7 @@
 //! virtio_gpu; `nixos/modules/system/boot/kernel.nix` adds by default, among others, sd_mod and
 //! sr_mod ("Standard SCSI stuff").
 
-use crate::nix_profile::{nix_instantiate, repo_root};
+use crate::nix_profile::{eval_json, nix_instantiate, repo_root};
 
 const QEMU_GUEST_AVAILABLE: &[&str] = &[
     "virtio_net",
@@ -39,16 +39,10 @@ fn missing(available: &[&str], loaded: &[&str]) -> Vec<String> {
         list(available),
         list(loaded)
     );
-    let out = nix_instantiate()
-        .args(["--eval", "--strict", "--json", "--expr", &expr])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    eval_json(
+        nix_instantiate().args(["--eval", "--strict", "--json", "--expr", &expr]),
+        &expr,
+    )
 }
 
 #[test]

@@ -41,6 +41,18 @@ pub(crate) fn nix_instantiate() -> Command {
     cmd
 }
 
+/// The JSON value a `nix-instantiate --eval --json` command prints, failing with its stderr
+/// (and `what` it evaluated) when it cannot evaluate.
+pub(crate) fn eval_json<T: serde::de::DeserializeOwned>(cmd: &mut Command, what: &str) -> T {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "nix-instantiate could not evaluate {what}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A profile from `appliance/profiles/`, and the same values as Nix maps them.
 struct Case {
     name: &'static str,
@@ -112,8 +124,8 @@ fn cases() -> Vec<Case> {
 
 fn case(name: &'static str, path: &Path) -> Case {
     let profile = Profile::load(path).unwrap();
-    let out = nix_instantiate()
-        .args(["--eval", "--strict", "--json"])
+    let mut eval = nix_instantiate();
+    eval.args(["--eval", "--strict", "--json"])
         .arg("--argstr")
         .arg("root")
         .arg(repo_root())
@@ -136,19 +148,12 @@ fn case(name: &'static str, path: &Path) -> Case {
                  inherit (values.server) contextSize parallel;
                };
              }",
-        )
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nix-instantiate could not evaluate modules/profile.nix for {}:\n{}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        );
+    let what = format!("modules/profile.nix for {}", path.display());
     Case {
         name,
         profile,
-        nix: serde_json::from_slice(&out.stdout).unwrap(),
+        nix: eval_json(&mut eval, &what),
     }
 }
 
@@ -622,8 +627,8 @@ fn the_memory_drop_in_is_the_same_from_both_builders() {
     let run = |profile: &Path| {
         let profile_values = Profile::load(profile).unwrap();
         let s = &profile_values.server;
-        let out = nix_instantiate()
-            .args(["--eval", "--strict", "--json"])
+        let mut eval = nix_instantiate();
+        eval.args(["--eval", "--strict", "--json"])
             .args(["--argstr", "root"])
             .arg(repo_root())
             .args(["--argstr", "server"])
@@ -644,15 +649,8 @@ fn the_memory_drop_in_is_the_same_from_both_builders() {
                      inherit model parallel; contextSize = ctx;
                    };
                  }",
-            )
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let script: String = serde_json::from_slice(&out.stdout).unwrap();
+            );
+        let script: String = eval_json(&mut eval, "modules/memory-script.nix");
         let dir = tempfile::tempdir().unwrap();
         let result = Command::new("bash")
             .arg("-c")
@@ -715,8 +713,8 @@ fn the_memory_drop_in_is_the_same_from_both_builders() {
 /// store path without a store.)
 #[test]
 fn the_memory_step_reads_the_profile_from_the_store() {
-    let out = nix_instantiate()
-        .args(["--readonly-mode", "--eval", "--strict", "--json"])
+    let mut eval = nix_instantiate();
+    eval.args(["--readonly-mode", "--eval", "--strict", "--json"])
         .args(["--argstr", "root"])
         .arg(repo_root())
         .arg("--expr")
@@ -726,15 +724,8 @@ fn the_memory_step_reads_the_profile_from_the_store() {
                profile = /. + root + \"/appliance/profiles/e2-micro.toml\";
                planArgs = [ \"plan\" \"--json\" ];
              }",
-        )
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let script: String = serde_json::from_slice(&out.stdout).unwrap();
+        );
+    let script: String = eval_json(&mut eval, "modules/memory-script.nix");
     let profile = script
         .split("--profile '")
         .nth(1)

@@ -10,8 +10,8 @@ use super::config::Config;
 /// Tokens evaluated together in one pass over the weights during prompt processing. Each pass
 /// packs every weight panel of prefill's GEMMs once (quant/simd/panel_gemm.rs) and reads the
 /// keys and values once per layer, so a larger micro-batch spreads both over more tokens: 64
-/// against 32 made the Gemma 3 1B file's pp512 +15 % and the Llama 1B Q4_0 file's +8 % (1 thread,
-/// Zen 3); 128 measured no better and doubles the per-token buffers (~5 MiB at 64 for 1B shapes).
+/// read 1B-shaped prompts clearly faster than 32; 128 was no faster and doubles the per-token
+/// buffers (~5 MiB at 64 for 1B shapes).
 pub const UBATCH: usize = 64;
 
 /// Tokens llama.cpp evaluates as one batch (its n_batch and n_ubatch, 512 by default): how many

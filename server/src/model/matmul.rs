@@ -140,9 +140,8 @@ pub fn matmul(
     let rows = w.rows;
     // Enough chunks for dynamic balancing (four per thread), few enough that the shared
     // counter stays cold and each chunk's stream of weights, whose first lines no earlier
-    // request has asked for, runs long: sixteen per thread decoded 3-5 % slower at two threads
-    // (Zen 4, Gemma 1B IQ4_XS 40.3-41.3 -> 42.1-42.9 tok/s, Llama 1B Q4_0 40.3-41.5 ->
-    // 41.7-43.4; prefill unchanged). At least 64 KiB of weights each: smaller matrices run on
+    // request has asked for, runs long: sixteen per thread decoded measurably slower at two
+    // threads on 1B shapes, prefill unchanged. At least 64 KiB of weights each: smaller matrices run on
     // the calling thread, where waking a worker would cost more than it saves. A multiple of 8
     // rows, so every row but a matrix's last few goes through the four-row kernels, and
     // prefill's GEMM (quant/simd/panel.rs) gets whole panels of eight.
