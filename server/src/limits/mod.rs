@@ -57,10 +57,10 @@ impl MemoryLimits {
 
     /// Whether `bytes` fit under every limit, or only once other processes free memory.
     pub fn fit(&self, bytes: u64) -> Fit {
-        let over = |l: &&Limit| bytes > l.bytes;
-        if !self.limits.iter().any(|l| over(&l)) {
+        let mut over = self.limits.iter().filter(|l| bytes > l.bytes).peekable();
+        if over.peek().is_none() {
             Fit::Now
-        } else if self.limits.iter().filter(over).all(|l| l.transient) {
+        } else if over.all(|l| l.transient) {
             Fit::Later
         } else {
             Fit::Never

@@ -44,8 +44,10 @@ pub fn buffer_bytes(mib: Option<usize>) -> usize {
     }
     let want = llc_bytes().map_or(MIN_BUFFER, |c| (4 * c).clamp(MIN_BUFFER, MAX_BUFFER));
     // A small box must not be pushed into reclaim (or evict the model's pages) by its own probe.
-    match mem_available() {
-        Some(avail) => want.min(avail / 4).max(MIB),
+    match llm_server::limits::mem_available() {
+        Some(avail) => want
+            .min(usize::try_from(avail / 4).unwrap_or(usize::MAX))
+            .max(MIB),
         None => want,
     }
 }
@@ -184,18 +186,6 @@ fn parse_size(s: &str) -> Option<usize> {
         _ => return None,
     };
     num.parse::<usize>().ok()?.checked_mul(scale)
-}
-
-fn mem_available() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: usize = line["MemAvailable:".len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 #[cfg(test)]
