@@ -181,6 +181,7 @@ impl Run {
             work.display()
         );
 
+        unknown_checks(&self.only)?;
         let mut suite = Suite::new(self.keep_going, self.only.clone());
         let mut timings = Timings::default();
         let answers = match self.synthetic_model {
@@ -211,6 +212,43 @@ impl Run {
         );
         println!("{}", suite.summary());
         Ok(suite.failed() == 0)
+    }
+}
+
+/// The checks on the first guest after `boots-and-ready`, in the order they run.
+const ON_MAX_CPU: [&str; 14] = [
+    "api-keys-and-tls",
+    "confinement",
+    "answers",
+    "memory-policy",
+    "firewall",
+    "api-meters",
+    "metadata-denied-to-server",
+    "ipv6-and-certificate",
+    "headroom",
+    "footprint",
+    "prompt-cache-across-restart",
+    "memory-pressure",
+    "restart-while-memory-is-short",
+    "api-meter-drops",
+];
+
+/// The checks on the second guest (a CPU without AVX2), in the order they run.
+const ON_OLD_CPU: [&str; 3] = ["no-avx2-refusal", "grown-root", "generated-api-key"];
+
+/// Fails naming every check when `only` names one that does not exist: a typo must not pass
+/// as a suite that ran nothing.
+fn unknown_checks(only: &[String]) -> Result<()> {
+    let known: Vec<&str> = std::iter::once("boots-and-ready")
+        .chain(ON_MAX_CPU)
+        .chain(ON_OLD_CPU)
+        .collect();
+    match only.iter().find(|name| !known.contains(&name.as_str())) {
+        Some(unknown) => anyhow::bail!(
+            "--only {unknown}: no such check; the checks are {}",
+            known.join(", ")
+        ),
+        None => Ok(()),
     }
 }
 
@@ -260,22 +298,7 @@ fn checks_on_max_cpu(
             to_ready.as_secs_f64()
         ))
     })?;
-    let names = [
-        "api-keys-and-tls",
-        "confinement",
-        "answers",
-        "memory-policy",
-        "firewall",
-        "api-meters",
-        "metadata-denied-to-server",
-        "ipv6-and-certificate",
-        "headroom",
-        "footprint",
-        "prompt-cache-across-restart",
-        "memory-pressure",
-        "restart-while-memory-is-short",
-        "api-meter-drops",
-    ];
+    let names = ON_MAX_CPU;
     let Some(guest) = started.filter(|_| booted) else {
         for name in names {
             suite.not_run(name, "the guest did not become ready");
@@ -356,10 +379,7 @@ fn check_old_cpu(
     imds_log: &Path,
     metadata_key: &str,
 ) -> Result<(), Stopped> {
-    if !["no-avx2-refusal", "grown-root", "generated-api-key"]
-        .iter()
-        .any(|name| suite.wants(name))
-    {
+    if !ON_OLD_CPU.iter().any(|name| suite.wants(name)) {
         return Ok(());
     }
     let mut started = None;
@@ -432,4 +452,39 @@ fn console_hint(console: &Path) -> String {
         console.display(),
         lines[lines.len().saturating_sub(40)..].join("\n")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_refuses_a_check_that_does_not_exist() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(unknown_checks(&names(&["memory-pressure", "grown-root"])).is_ok());
+        let e = unknown_checks(&names(&["memory-pressure", "memory-presure"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--only memory-presure: no such check") && e.contains("boots-and-ready"),
+            "{e}"
+        );
+    }
+
+    /// The lists `--only` is checked against are the names the suite runs.
+    #[test]
+    fn the_check_lists_are_the_checks_run() {
+        let source = include_str!("main.rs");
+        for name in std::iter::once("boots-and-ready")
+            .chain(ON_MAX_CPU)
+            .chain(ON_OLD_CPU)
+        {
+            assert!(
+                source.contains(&format!("suite.check(\"{name}\"")),
+                "no suite.check(\"{name}\", ..) in main.rs"
+            );
+        }
+        let checks = source.matches("suite.check(\"").count();
+        assert_eq!(checks, 1 + ON_MAX_CPU.len() + ON_OLD_CPU.len());
+    }
 }
