@@ -100,6 +100,38 @@ fn meminfo_bytes(host: &Host, key: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// MemTotal is at least what the profile states (`machine.mem_total_mib`): earlyoom takes its
+/// percentages of MemTotal, and the build placed its kill line above the protected weights
+/// (MemoryMin) on the stated figure; on a box with less, the line sits lower than was checked.
+pub fn mem_total(profile: &Profile, host: &Host) -> Check {
+    const NAME: &str = "mem-total";
+    let stated = profile.machine.mem_total_mib;
+    let Some(total) = meminfo_bytes(host, "MemTotal") else {
+        return Check::fail(
+            NAME,
+            "cannot read MemTotal from /proc/meminfo",
+            "run on Linux with /proc mounted",
+        );
+    };
+    // Whole MiB, rounded down: a box with a fraction less than stated is short of it.
+    let total = mib(total);
+    let detail = format!("MemTotal {total} MiB, the profile states {stated} MiB");
+    if total >= stated {
+        Check::ok(NAME, detail)
+    } else {
+        Check::fail(
+            NAME,
+            detail,
+            format!(
+                "earlyoom's lines ({}% of MemTotal) sit lower here than the build checked: set \
+                 machine.mem_total_mib = {total} in the profile and rebuild (the build then says \
+                 whether earlyoom.mem_kill_percent must rise)",
+                profile.earlyoom.mem_kill_percent
+            ),
+        )
+    }
+}
+
 /// MemAvailable is at least the profile's promised headroom (`machine.headroom_mib`).
 pub fn headroom(profile: &Profile, host: &Host) -> Check {
     const NAME: &str = "headroom";

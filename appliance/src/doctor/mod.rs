@@ -184,6 +184,7 @@ pub fn examine(profile: &Profile, host: &Host) -> Report {
         memory::sysctls(profile, host),
         memory::earlyoom(profile, host),
         memory::kernel_oom_kills(host),
+        memory::mem_total(profile, host),
         memory::headroom(profile, host),
         cpu_flags(host),
     ];

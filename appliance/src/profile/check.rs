@@ -67,14 +67,15 @@ pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
     }
     // An idle box below earlyoom's term line would have earlyoom killing at rest.
     let e = &profile.earlyoom;
-    let ram_wide = u128::from(ram.max(1));
-    let term_line_mib = u128::from(e.mem_term_percent) * ram_wide / 100;
+    let total = profile.machine.mem_total_mib;
+    let term_line_mib = percent_of(e.mem_term_percent, total);
     let headroom = profile.machine.headroom_mib;
-    if u128::from(headroom) <= term_line_mib || headroom >= ram {
+    if u128::from(headroom) <= term_line_mib || headroom >= total {
         p.push(format!(
             "machine.headroom_mib = {headroom} must lie between earlyoom's term line \
-             ({term_line_mib} MiB: earlyoom.mem_term_percent = {} of machine.ram_mib) and \
-             machine.ram_mib = {ram}: an idle box must not be where earlyoom starts killing",
+             ({term_line_mib} MiB: earlyoom.mem_term_percent = {} of machine.mem_total_mib) and \
+             machine.mem_total_mib = {total}: an idle box must not be where earlyoom starts \
+             killing",
             e.mem_term_percent
         ));
     }
@@ -141,21 +142,34 @@ fn keys_and_tls(profile: &Profile, p: &mut Vec<String>) {
     }
 }
 
-/// Why earlyoom's kill line could never fire with `min_mib` protected (None if it can): MemAvailable
-/// counts the server's page cache as available although MemoryMin keeps it from being
-/// reclaimed, so below this share earlyoom would never see memory running short. A tenth of RAM
-/// on top covers MemTotal being below the RAM size and the kernel's own reserves. `weights_mib`
-/// is the plan's, once there is one. In u128, which no product of two u64 overflows: the
-/// values may be absurd here (their sections report that), and must give an error, not a wrap
-/// or a panic.
+/// How far above the protected memory earlyoom's kill line must sit: what is still free or
+/// reclaimable besides the protected weights when earlyoom acts. earlyoom polls up to ten times
+/// a second near its lines, so this is room for an allocation burst between two polls before
+/// the kernel runs out and its OOM killer (which stalls the box while it reclaims) acts first.
+/// The VM test's memory-pressure check proves it on each profile: earlyoom, not the kernel,
+/// kills the hog.
+pub const EARLYOOM_CUSHION_MIB: u64 = 48;
+
+/// `percent` of `mib`, rounded down, as earlyoom computes its lines (of MemTotal). In u128,
+/// which no product of two u64 overflows: the values may be absurd here (their sections report
+/// that), and must give an error, not a wrap or a panic.
+fn percent_of(percent: u8, mib: u64) -> u128 {
+    u128::from(percent) * u128::from(mib) / 100
+}
+
+/// Why earlyoom's kill line could never fire in time with `min_mib` protected (None if it can):
+/// MemAvailable counts the server's page cache as available although MemoryMin keeps it from
+/// being reclaimed, so the line (a share of MemTotal, as earlyoom takes it) must sit
+/// [`EARLYOOM_CUSHION_MIB`] above it. `weights_mib` is the plan's, once there is one.
 fn earlyoom_blind(profile: &Profile, min_mib: u64, weights_mib: Option<u64>) -> Option<String> {
     let e = &profile.earlyoom;
-    let ram_wide = u128::from(profile.machine.ram_mib.max(1));
-    let floor_mib = u128::from(min_mib) + ram_wide / 10;
-    let floor_percent = (floor_mib * 100).div_ceil(ram_wide);
-    if u128::from(e.mem_kill_percent) * ram_wide >= floor_mib * 100 {
+    let total = profile.machine.mem_total_mib;
+    let kill_line = percent_of(e.mem_kill_percent, total);
+    let floor_mib = u128::from(min_mib) + u128::from(EARLYOOM_CUSHION_MIB);
+    if kill_line >= floor_mib {
         return None;
     }
+    let floor_percent = (floor_mib * 100).div_ceil(u128::from(total.max(1)));
     let protected = match weights_mib {
         Some(w) => format!(
             "MemoryMin: the model's {w} MiB of weights + server.memory.min_over_weights_mib"
@@ -163,11 +177,13 @@ fn earlyoom_blind(profile: &Profile, min_mib: u64, weights_mib: Option<u64>) -> 
         None => "at least server.memory.min_over_weights_mib, whatever the model".to_owned(),
     };
     Some(format!(
-        "earlyoom.mem_kill_percent = {} would never fire: MemAvailable counts the server's \
-         protected {min_mib} MiB ({protected}) as available; raise it (and mem_term_percent, \
-         and machine.headroom_mib above the term line) to at least {floor_percent}, or serve a \
-         smaller model",
-        e.mem_kill_percent
+        "earlyoom.mem_kill_percent = {} would never fire in time: its line is {kill_line} MiB \
+         ({} % of machine.mem_total_mib = {total}) and MemAvailable counts the server's \
+         protected {min_mib} MiB ({protected}) as available, so the line must sit \
+         {EARLYOOM_CUSHION_MIB} MiB above it, at {floor_mib} MiB; raise it (and \
+         mem_term_percent, and machine.headroom_mib above the term line) to at least \
+         {floor_percent}, or serve a smaller model",
+        e.mem_kill_percent, e.mem_kill_percent
     ))
 }
 

@@ -32,6 +32,10 @@ pub struct Machine {
     pub name: String,
     pub hostname: String,
     pub ram_mib: u64,
+    /// The MemTotal the shape's kernel reports (`/proc/meminfo`): the RAM less what firmware and
+    /// the kernel keep. earlyoom takes its percentages of it, so its lines are checked against
+    /// it; `appliance doctor` holds the booted box to it.
+    pub mem_total_mib: u64,
     /// MemAvailable promised with the model loaded and idle.
     pub headroom_mib: u64,
 }
@@ -374,6 +378,14 @@ impl Machine {
                 "machine.ram_mib = {} is more than {RAM_MIB_MAX} MiB (1 PiB): give the \
                  machine's RAM in MiB",
                 self.ram_mib
+            ));
+        }
+        if self.mem_total_mib == 0 || self.mem_total_mib > self.ram_mib {
+            p.push(format!(
+                "machine.mem_total_mib = {} must be 1 to machine.ram_mib ({}): give MemTotal \
+                 from /proc/meminfo on the shape, in MiB (the RAM less what firmware and the \
+                 kernel keep)",
+                self.mem_total_mib, self.ram_mib
             ));
         }
     }

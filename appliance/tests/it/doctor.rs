@@ -225,6 +225,7 @@ fn a_box_set_up_as_the_profile_says_is_healthy() {
             "sysctl",
             "earlyoom",
             "kernel-oom",
+            "mem-total",
             "headroom",
             "cpu",
             "api-keys",
@@ -283,6 +284,44 @@ fn a_kernel_oom_kill_fails() {
         "3,9,300,-;Out of memory: Killed process 777 (hog) total-vm:900000kB, anon-rss:800000kB\n",
     );
     assert_eq!(fake.status("kernel-oom"), Status::Fail);
+}
+
+#[test]
+fn a_box_with_less_memory_than_the_profile_states_fails_naming_the_figure_to_set() {
+    let fake = FakeBox::healthy();
+    // 983040 kB is 960 MiB, under the shipped profile's 965: earlyoom's lines sit lower.
+    fake.write(
+        "proc/meminfo",
+        "MemTotal:         983040 kB\nMemAvailable:     700000 kB\n",
+    );
+    let report = doctor::examine(&fake.profile, &Host::new(fake.path()));
+    let check = report.check("mem-total").unwrap();
+    assert_eq!(check.status, Status::Fail, "{check:?}");
+    assert!(
+        check
+            .detail
+            .contains("MemTotal 960 MiB, the profile states 965"),
+        "{check:?}"
+    );
+    assert!(
+        check
+            .fix
+            .as_deref()
+            .unwrap_or_default()
+            .contains("machine.mem_total_mib = 960"),
+        "{check:?}"
+    );
+    // A fraction of a MiB short of the figure is short of it.
+    fake.write(
+        "proc/meminfo",
+        "MemTotal:         988159 kB\nMemAvailable:     700000 kB\n",
+    );
+    assert_eq!(fake.status("mem-total"), Status::Fail);
+    fake.write(
+        "proc/meminfo",
+        "MemTotal:         988160 kB\nMemAvailable:     700000 kB\n",
+    );
+    assert_eq!(fake.status("mem-total"), Status::Ok);
 }
 
 #[test]

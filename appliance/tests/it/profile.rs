@@ -111,15 +111,18 @@ fn the_limits_follow_a_larger_file_and_a_file_that_cannot_fit_is_refused() {
         e.contains("serve a smaller model or lower server.ctx_size"),
         "{e}"
     );
-    // 600 MiB of protected weights also blind earlyoom's 36 % kill line.
+    // 600 MiB of protected weights also blind earlyoom's 36 % kill line (of MemTotal 965 MiB).
     assert!(
         e.contains(
-            "earlyoom.mem_kill_percent = 36 would never fire: MemAvailable counts the \
-                    server's protected 603 MiB"
+            "earlyoom.mem_kill_percent = 36 would never fire in time: its line is 347 MiB (36 % \
+             of machine.mem_total_mib = 965) and MemAvailable counts the server's protected 603 \
+             MiB"
         ),
         "{e}"
     );
-    assert!(e.contains("at least 69"), "{e}");
+    // (603 + 48) MiB of 965.
+    assert!(e.contains("at 651 MiB"), "{e}");
+    assert!(e.contains("at least 68"), "{e}");
 }
 
 #[test]
@@ -161,12 +164,13 @@ fn unknown_keys_are_refused() {
 
 #[test]
 fn headroom_below_earlyooms_term_line_is_refused() {
-    // 42 % of 1024 MiB is 430 MiB: an idle box with 400 MiB available would be killing.
+    // 42 % of MemTotal 965 MiB is 405 MiB: an idle box with 400 MiB available would be killing.
     let e = error_of(&edited("headroom_mib = 512", "headroom_mib = 400"));
     assert!(e.contains("machine.headroom_mib = 400"), "{e}");
-    assert!(e.contains("term line (430 MiB"), "{e}");
-    let e = error_of(&edited("headroom_mib = 512", "headroom_mib = 1024"));
-    assert!(e.contains("machine.ram_mib = 1024"), "{e}");
+    assert!(e.contains("term line (405 MiB"), "{e}");
+    // More than the box has at all.
+    let e = error_of(&edited("headroom_mib = 512", "headroom_mib = 965"));
+    assert!(e.contains("machine.mem_total_mib = 965"), "{e}");
 }
 
 #[test]
@@ -257,21 +261,29 @@ fn bad_margins_are_refused_naming_the_key() {
 
 #[test]
 fn earlyoom_thresholds_below_the_protected_share_are_refused() {
-    // On load, against the least MemoryMin can be (the margin alone): (3 + 102) / 1024.
-    let e = error_of(&edited("mem_kill_percent = 36", "mem_kill_percent = 10"));
-    assert!(e.contains("mem_kill_percent = 10 would never fire"), "{e}");
+    // On load, against the least MemoryMin can be (the margin alone): 5 % of 965 MiB is 48,
+    // under 3 + 48.
+    let e = error_of(&edited("mem_kill_percent = 36", "mem_kill_percent = 5"));
+    assert!(e.contains("mem_kill_percent = 5 would never fire"), "{e}");
     assert!(e.contains("whatever the model"), "{e}");
-    assert!(e.contains("at least 11"), "{e}");
-    // At build time, against the resolved MemoryMin: (93 + 3 + 102) / 1024.
+    assert!(e.contains("at least 6"), "{e}");
+    // At build time, against the resolved MemoryMin: 14 % of 965 is 135, under 93 + 3 + 48;
+    // 15 % (144) is enough.
     let e = plan_error_of(
-        &edited("mem_kill_percent = 36", "mem_kill_percent = 15"),
+        &edited("mem_kill_percent = 36", "mem_kill_percent = 14"),
         &plan(),
     );
     assert!(
         e.contains("protected 96 MiB (MemoryMin: the model's 93 MiB of weights"),
         "{e}"
     );
-    assert!(e.contains("at least 20"), "{e}");
+    assert!(e.contains("at least 15"), "{e}");
+    let at_15 = edited("mem_kill_percent = 36", "mem_kill_percent = 15");
+    let limits = Profile::parse(&at_15, Path::new("test.toml"))
+        .unwrap()
+        .memory_limits(&plan())
+        .unwrap();
+    assert_eq!(limits.min_mib, 96);
     let e = error_of(&edited(
         r#"prefer = ["apt""#,
         r#"prefer = ["systemd-journald""#,
@@ -439,6 +451,16 @@ fn absurd_sizes_are_errors_not_panics() {
             "ram_mib = 1024",
             "ram_mib = 18446744073709551615",
             "more than 1073741824 MiB",
+        ),
+        (
+            "mem_total_mib = 965",
+            "mem_total_mib = 0",
+            "machine.mem_total_mib = 0 must be 1 to machine.ram_mib (1024)",
+        ),
+        (
+            "mem_total_mib = 965",
+            "mem_total_mib = 18446744073709551615",
+            "machine.mem_total_mib = 18446744073709551615 must be 1 to",
         ),
         (
             "min_over_weights_mib = 3",

@@ -108,19 +108,41 @@ fn the_1b_profile_holds_the_servers_plan_of_a_1b_shaped_file() {
         "the limits the profile was sized at"
     );
     // llama.cpp's own quantiser, given these shapes (ftype IQ4_XS), bumps some tensors: its file
-    // plans 711634432 bytes of weights and 859125606 in all. The limits follow it, but 679 MiB
-    // of protected weights need earlyoom's kill line at 77 %, which the profile does not give
-    // (its idle box has no room for the term line and headroom that follow).
+    // plans 711634432 bytes of weights and 859125606 in all. The limits follow it, and earlyoom's
+    // kill line (77 % of MemTotal 965 MiB: 743) still sits 48 MiB above its 679 MiB.
     let mut quantised = plan.clone();
     quantised.weights_bytes = 711_634_432;
     quantised.total_bytes = 859_125_606;
-    let e = profile.memory_limits(&quantised).unwrap_err().to_string();
-    assert!(
-        e.contains("earlyoom.mem_kill_percent = 76 would never fire")
-            && e.contains("protected 679 MiB")
-            && e.contains("at least 77"),
-        "{e}"
+    let limits = profile.memory_limits(&quantised).unwrap();
+    assert_eq!(
+        (
+            limits.min_mib,
+            limits.low_mib,
+            limits.high_mib,
+            limits.max_mib
+        ),
+        (679, 822, 860, 908)
     );
+    // 695 MiB of weights is the most that line protects; one MiB more is refused, naming the
+    // percentage that would serve it.
+    for (weights_mib, fits) in [(695, true), (696, false)] {
+        let mut larger = quantised.clone();
+        larger.weights_bytes = weights_mib << 20;
+        larger.total_bytes = quantised.total_bytes - quantised.weights_bytes + larger.weights_bytes;
+        match profile.memory_limits(&larger) {
+            Ok(limits) => assert!(fits, "{weights_mib} MiB accepted: {limits:?}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!fits, "{weights_mib} MiB refused: {e}");
+                assert!(
+                    e.contains("earlyoom.mem_kill_percent = 77 would never fire in time")
+                        && e.contains("protected 696 MiB")
+                        && e.contains("at least 78"),
+                    "{e}"
+                );
+            }
+        }
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
