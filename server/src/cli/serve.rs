@@ -84,6 +84,11 @@ pub struct Serve {
     /// max_tokens of a request that gives none (default: up to the end of the context).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     default_max_tokens: Option<u64>,
+    /// Write the control tokens the model generates (Gemma's `<start_of_turn>`, ChatML's
+    /// `<|im_start|>`) into answers as their text; without it they are nothing, as in
+    /// llama-server (`--special`). A token that ends the generation is never written.
+    #[arg(long)]
+    special: bool,
     /// An origin browsers may call the API from (repeatable), e.g. https://app.example;
     /// none: CORS off.
     #[arg(long = "cors-origin", value_name = "ORIGIN", value_parser = cors_origin)]
@@ -186,6 +191,7 @@ impl Serve {
             api_keys,
             protect_probes: self.auth_probes,
             default_max_tokens: self.default_max_tokens.map(|n| n as usize),
+            special: self.special,
             loopback_hosts: self.host.is_loopback(),
             cors_origins: self.cors_origins.clone(),
             rate: RateConfig {

@@ -22,6 +22,9 @@ pub struct Generation {
     /// Draft tokens by prompt lookup and verify them in one pass, where that pays (the output
     /// is the same either way).
     pub speculative: bool,
+    /// Write control tokens (`<start_of_turn>`, `<|im_end|>`) as their text; without it they are
+    /// nothing, as in llama-server without `--special`.
+    pub special: bool,
 }
 
 /// Why a generation ended.

@@ -516,7 +516,7 @@ impl Task {
         history.extend_from_slice(&job.prompt);
         Task {
             sampler: Sampler::new(job.generation.sampler.clone(), model.tokenizer().n_vocab()),
-            decoder: StreamDecoder::new(false),
+            decoder: StreamDecoder::new(job.generation.special),
             stop: StopMatcher::new(job.generation.stop.clone()),
             constraint: job.generation.constraint.take(),
             history,

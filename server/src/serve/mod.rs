@@ -148,6 +148,8 @@ pub struct HttpConfig {
     pub protect_probes: bool,
     /// `max_tokens` of a request that gives none; `None`: up to the end of the context.
     pub default_max_tokens: Option<usize>,
+    /// Answers write control tokens as their text (llama-server's `--special`).
+    pub special: bool,
     /// Accept only `Host: localhost`, `127.0.0.1` or `[::1]` (DNS rebinding), set when the
     /// server listens on a loopback address.
     pub loopback_hosts: bool,
@@ -171,6 +173,7 @@ impl Default for HttpConfig {
             api_keys: ApiKeys::default(),
             protect_probes: false,
             default_max_tokens: None,
+            special: false,
             // The CLI sets it from `--host`; requests in process carry no Host header.
             loopback_hosts: false,
             cors_origins: Vec::new(),

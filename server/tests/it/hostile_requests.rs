@@ -562,3 +562,24 @@ fn control_token_text_in_content_stays_text_unless_asked() {
     // tokens one each.
     assert!(plain >= parsed + 4, "plain {plain}, parsed {parsed}");
 }
+
+/// Control tokens the model writes are nothing in an answer, as in llama-server, unless the
+/// server runs with `--special`: after a ChatML user turn SmolLM2 opens the assistant's turn
+/// with the control token `<|im_start|>` (greedy), which the answer then spells out.
+#[test]
+fn control_tokens_the_model_writes_are_text_only_with_special() {
+    let model = test_support::smollm2_model();
+    let answer = |args: &[&str]| -> String {
+        let s = Server::start(&model, args);
+        let r = post_json(
+            &s,
+            "/v1/completions",
+            &json!({"prompt": "<|im_start|>user\nHi<|im_end|>\n", "max_tokens": 3,
+                    "temperature": 0}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(answer(&[]), "assistant");
+    assert_eq!(answer(&["--special"]), "<|im_start|>assistant");
+}

@@ -598,6 +598,8 @@ impl GenerationRequest {
             logprobs: None,
             cache_prompt: self.cache_prompt.unwrap_or(true),
             speculative: self.speculative.unwrap_or(true),
+            // The server's setting (`serve --special`), applied when the job is submitted.
+            special: false,
         };
         let delivery = Delivery {
             stream: self.stream,

@@ -186,6 +186,7 @@ pub(super) async fn generate<W: Wire>(
     } = prepared;
     let ready = state.ready()?;
     generation.max_tokens = generation.max_tokens.or(state.http().default_max_tokens);
+    generation.special = state.http().special;
     let timeout = state.http().request_timeout;
     let events = ready
         .engine
