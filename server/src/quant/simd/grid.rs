@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 
 use super::{hsum, hsum_i32, load256, unrolled};
-use crate::quant::blocks::KSIGNS;
+use crate::quant::blocks::{blocks, Block, KSIGNS};
 use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::DotOrder;
 
@@ -129,6 +129,95 @@ pub unsafe fn dot_n<B: GridBlock, const N: usize>(
     acc.map(|acc| B::finish(&acc, order))
 }
 
+/// Activation rows [`rows_batch`] takes at a time: their chains (96 bytes each) and one
+/// super-block of each (292 bytes) stay in L1 while a weight block is dotted with all of them.
+const BATCH: usize = 64;
+
+/// Prefill's micro-batch (at least 16 activation rows; fewer are left to the groups of eight and
+/// four, and it returns false): `outs[t][r]` = weight row r · `acts[t]`, each the format's
+/// single-row order (what the groups and single rows give it: in the orders grid types have,
+/// every output is its row's `dot_1x1`). Each weight super-block is unpacked once for up to
+/// [`BATCH`] activation rows (into L1, then read back per group of eight), not once per
+/// group, and each weight row is read once per [`BATCH`] rows.
+#[inline(always)]
+pub unsafe fn rows_batch<B: GridBlock + Block>(
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[BlockQ8K]],
+    order: DotOrder,
+    outs: &mut [&mut [f32]],
+) -> bool {
+    let n = row_bytes / size_of::<B>();
+    if acts.len() < 16
+        || row_bytes != n * size_of::<B>()
+        || acts.len() != outs.len()
+        || acts.iter().any(|a| a.len() != n)
+    {
+        return false;
+    }
+    let n_rows = rows.len() / row_bytes;
+    assert!(
+        rows.len() == n_rows * row_bytes && outs.iter().all(|o| o.len() == n_rows),
+        "rows and outputs of unequal counts"
+    );
+    let mut acc = [Acc::zero(); BATCH];
+    for (acts, outs) in acts.chunks(BATCH).zip(outs.chunks_mut(BATCH)) {
+        let len = acts.len();
+        for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+            acc[..len].fill(Acc::zero());
+            for (i, b) in blocks::<B>(row).iter().enumerate() {
+                let subs: [Sub; 8] = std::array::from_fn(|s| b.sub(s));
+                let head = b.head();
+                // SAFETY (get_unchecked): every activation row has n blocks (checked above).
+                let y = |t: usize| acts.get_unchecked(t).get_unchecked(i);
+                let mut t = 0;
+                while t + 8 <= len {
+                    group::<B, 8>(b, &subs, &head, std::array::from_fn(|k| y(t + k)), &mut acc[t..t + 8], order);
+                    t += 8;
+                }
+                while t + 4 <= len {
+                    group::<B, 4>(b, &subs, &head, std::array::from_fn(|k| y(t + k)), &mut acc[t..t + 4], order);
+                    t += 4;
+                }
+                while t < len {
+                    group::<B, 1>(b, &subs, &head, [y(t)], &mut acc[t..t + 1], order);
+                    t += 1;
+                }
+            }
+            for (o, acc) in outs.iter_mut().zip(&acc[..len]) {
+                o[r] = B::finish(acc, order);
+            }
+        }
+    }
+    true
+}
+
+/// One super-block `b`, already unpacked (`subs`, `head`), against `N` activation super-blocks:
+/// their sums added to their chains `acc`.
+#[inline(always)]
+unsafe fn group<B: GridBlock, const N: usize>(
+    b: &B,
+    subs: &[Sub; 8],
+    head: &B::Head,
+    y: [&BlockQ8K; N],
+    acc: &mut [Acc],
+    order: DotOrder,
+) {
+    let mut sums: [Sums; N] = std::array::from_fn(|t| Sums {
+        sumi: _mm256_setzero_si256(),
+        extra: B::head_sums(head, y[t]),
+    });
+    unrolled::<8>(|s| {
+        let sub = subs[s];
+        for (sums, y) in sums.iter_mut().zip(y) {
+            acc_sub::<B>(sums, &sub, load256(y.qs.as_ptr().add(32 * s).cast()));
+        }
+    });
+    for t in 0..N {
+        b.step(&mut acc[t], sums[t], y[t], order);
+    }
+}
+
 /// Four weight rows against one activation row (decode's mat-vec): each activation sub-block
 /// is loaded once for the four rows, whose chains interleave; each result the format's
 /// single-row order.
@@ -222,6 +311,7 @@ pub unsafe fn half_scales(lo: i16, hi: i16) -> __m256i {
 
 /// The [`Kernels`](crate::quant::format::Kernels) entry points a grid type takes from here:
 /// `dot_1x4` and `dot_1xn` by [`dot_n`] (and through them the default `rows_x4` and `rows_x8`),
+/// `rows_xbatch` by [`rows_batch`],
 /// `dot_4xn` for one activation row by [`dot_4x1`], for several each row's `dot_1xn`. Written
 /// inside the format's `impl<$isa: Isa> Kernels<$isa>`, beside its own `dot_1x1` (the float order
 /// these are held to).
@@ -246,6 +336,19 @@ macro_rules! grid_kernels {
         ) -> [f32; N] {
             // SAFETY: as in `dot_1x4`.
             unsafe { $crate::quant::simd::grid::dot_n(w, a, order) }
+        }
+
+        /// Prefill's micro-batch by [`grid::rows_batch`](crate::quant::simd::grid::rows_batch).
+        #[inline]
+        fn rows_xbatch(
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&[$crate::quant::formats::q8_k::BlockQ8K]],
+            order: $crate::quant::DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> bool {
+            // SAFETY: as in `dot_1x4`.
+            unsafe { $crate::quant::simd::grid::rows_batch::<Self::Block>(rows, row_bytes, acts, order, outs) }
         }
 
         #[inline]
