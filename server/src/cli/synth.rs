@@ -27,7 +27,8 @@ pub struct Synth {
     /// the preset's size (the default model's for gemma3-1b).
     #[arg(long)]
     vocab_from: Option<PathBuf>,
-    /// With --preset: the tensor types, as a file of that quantisation mixes them: iq4_xs or q4_0.
+    /// With --preset: the tensor types, as a file of that quantisation mixes them: iq4_xs, q4_0,
+    /// or a grid type (iq3_s, iq3_xxs, iq2_s, iq2_xs, iq2_xxs, iq1_m, iq1_s) for every matrix.
     #[arg(long, default_value = "iq4_xs")]
     mix: String,
     /// Instead of a preset: copy this GGUF's header (metadata, tensor names, shapes and types)

@@ -196,14 +196,36 @@ pub enum Mix {
     Iq4Xs,
     /// Q4_0 everywhere but the embedding (Q6_K wanted, Q8_0 for 1152-wide rows).
     Q4_0,
+    /// One of the grid types (IQ3_S, IQ3_XXS, IQ2_*, IQ1_*) for every matrix but the embedding,
+    /// IQ4_NL where rows are not whole super-blocks: for measuring that type's kernels. Written
+    /// by synth because llama.cpp's quantiser refuses most of them without an importance matrix.
+    Grid(GgmlType),
 }
+
+/// The types [`Mix::Grid`] takes, by their mix names (ggml's type names).
+const GRID_TYPES: [GgmlType; 7] = [
+    GgmlType::IQ3_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ1_M,
+    GgmlType::IQ1_S,
+];
 
 impl Mix {
     pub fn named(name: &str) -> Result<Mix, String> {
         match name {
             "iq4_xs" => Ok(Mix::Iq4Xs),
             "q4_0" => Ok(Mix::Q4_0),
-            _ => Err(format!("no mix `{name}`; mixes: iq4_xs, q4_0")),
+            _ => GRID_TYPES
+                .into_iter()
+                .find(|t| t.name() == name)
+                .map(Mix::Grid)
+                .ok_or_else(|| {
+                    let grids: Vec<&str> = GRID_TYPES.iter().map(|t| t.name()).collect();
+                    format!("no mix `{name}`; mixes: iq4_xs, q4_0, {}", grids.join(", "))
+                }),
         }
     }
 
@@ -213,6 +235,7 @@ impl Mix {
             (Mix::Iq4Xs, Role::AttnV) => GgmlType::Q5_K,
             (Mix::Iq4Xs, Role::Matrix) => GgmlType::IQ4_XS,
             (Mix::Q4_0, _) => GgmlType::Q4_0,
+            (Mix::Grid(ty), _) => ty,
         }
     }
 
@@ -357,6 +380,13 @@ mod tests {
         assert!((680e6..730e6).contains(&(bytes as f64)), "{bytes}");
         let q4 = p.tensors(Mix::Q4_0);
         assert_eq!(count(&q4, GgmlType::Q4_0), 26 * 7);
+        // The grid mixes: attn_output and ffn_down (1024 and 6912 wide) of the type, the
+        // 1152-wide rest IQ4_NL.
+        let iq2 = p.tensors(Mix::named("iq2_xxs").unwrap());
+        assert_eq!(count(&iq2, GgmlType::IQ2_XXS), 52);
+        assert_eq!(count(&iq2, GgmlType::IQ4_NL), 26 * 5);
+        let e = Mix::named("iq5").unwrap_err();
+        assert!(e.contains("iq1_m") && e.contains("q4_0"), "{e}");
         let e = Preset::named("gemma3-2b").unwrap_err();
         assert!(e.contains("gemma3-1b"), "{e}");
     }

@@ -864,3 +864,30 @@ fn dot_rows_batch_of_wide_rows_and_many_panels_equals_grouping() {
         }
     }
 }
+
+/// The grid types' whole-batch kernel (`simd::grid::rows_batch`) at its boundaries: 70
+/// activation rows (a pass of 64, then a group of four and two single rows) and 21 (eights,
+/// a four and a single row), against llama.cpp's grouping bit for bit, in the orders they have.
+#[test]
+fn grid_types_batch_kernel_equals_grouping_past_its_pass() {
+    use GgmlType::*;
+    let mut rng = Rng(11);
+    for w in [IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M] {
+        let n = 2 * 256;
+        let rows: Vec<u8> = (0..5)
+            .flat_map(|_| random_weights(w, n, &mut rng))
+            .collect();
+        for n_acts in [70, 21] {
+            let acts: Vec<Vec<u8>> = (0..n_acts)
+                .map(|_| quantized(w, &random_activations(n, &mut rng)))
+                .collect();
+            for choice in runnable_isas() {
+                for order in [DotOrder::VecDot, DotOrder::Tiled] {
+                    let checked =
+                        isa::forced(choice, || batch_equals_groups(w, order, n, &rows, &acts));
+                    assert!(checked.is_ok(), "{} on {choice}", checked.unwrap_err());
+                }
+            }
+        }
+    }
+}

@@ -116,10 +116,62 @@ impl Weight for Iq1M {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
+    use crate::quant::format::Kernels;
+    use crate::quant::simd::grid::{self, grid_kernels, Acc, GridBlock, Sub, Sums};
     use crate::quant::isa::Isa;
     use crate::quant::simd::{hsum, load256};
     use crate::quant::DotOrder;
+
+    /// The multi-row kernels' unpacking ([`grid`]): the grid values are their own signs; each
+    /// group's shift sign (±1 bytes) goes onto the activations in lanes of its own, as in
+    /// `dot_1x1`.
+    impl GridBlock for BlockIq1M {
+        const SHIFT_LANES: bool = true;
+        type Head = ();
+
+        #[inline(always)]
+        unsafe fn head(&self) {}
+
+        #[inline(always)]
+        unsafe fn head_sums(_: &(), _: &BlockQ8K) -> __m256i {
+            _mm256_setzero_si256()
+        }
+
+        #[inline(always)]
+        unsafe fn sub(&self, s: usize) -> Sub {
+            let qh = u16::from_le_bytes([self.qh[2 * s], self.qh[2 * s + 1]]) as usize;
+            let nibble = |l: usize| (qh >> (4 * l)) & 0xF;
+            let g = |l: usize| {
+                IQ1S_GRID[(self.qs[4 * s + l] as usize | (nibble(l) & 7) << 8) & 2047] as i64
+            };
+            let sign = |l: usize| match nibble(l) & 8 {
+                0 => 0x0101_0101_0101_0101,
+                _ => -1i64,
+            };
+            let sc = self.sc(s / 2) >> (6 * (s % 2));
+            let scale = |h: usize| 2 * ((sc >> (3 * h)) & 7) as i16 + 1;
+            let values = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            Sub {
+                mag: _mm256_abs_epi8(values),
+                sign: values,
+                scale: grid::half_scales(scale(0), scale(1)),
+                shift: _mm256_set_epi64x(sign(3), sign(2), sign(1), sign(0)),
+            }
+        }
+
+        /// As `dot_1x1`: both parts into eight float lanes each, by one `d·d_a`.
+        #[inline(always)]
+        unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, _order: DotOrder) {
+            let d = _mm256_set1_ps(y.d() * f16_to_f32(self.d()));
+            acc.v = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums.sumi), acc.v);
+            acc.x = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums.extra), acc.x);
+        }
+
+        #[inline(always)]
+        unsafe fn finish(acc: &Acc, _order: DotOrder) -> f32 {
+            grid::lanes_total(acc) + DELTA * grid::shift_lanes_total(acc)
+        }
+    }
 
     impl<I: Isa> Kernels<I> for Iq1M {
         /// As ggml's AVX2 `ggml_vec_dot_iq1_m_q8_K`: per super-block the grid part
@@ -173,9 +225,6 @@ avx2! {
             }
         }
 
-        #[inline]
-        fn dot_1x4(w: &[BlockIq1M], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_1x4_by_1x1::<Self, I>(w, a, order)
-        }
+        grid_kernels!(I);
     }
 }

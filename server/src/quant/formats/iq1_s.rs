@@ -99,10 +99,65 @@ impl Weight for Iq1S {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
+    use crate::quant::format::Kernels;
+    use crate::quant::simd::grid::{self, grid_kernels, Acc, GridBlock, Sub, Sums};
     use crate::quant::isa::Isa;
-    use crate::quant::simd::{hsum, load256};
+    use crate::quant::simd::{hsum, hsum_i32, load256};
     use crate::quant::DotOrder;
+
+    /// The multi-row kernels' unpacking ([`grid`]): the grid values are their own signs, and
+    /// the shift part `Σ scale·±bsum` comes from the activation's block sums by one `madd`
+    /// against the sub-blocks' signed scales, prepared once per super-block.
+    impl GridBlock for BlockIq1S {
+        /// Sixteen i16: lanes 2s and 2s+1 the signed scale of sub-block s (one per bsum).
+        type Head = __m256i;
+
+        #[inline(always)]
+        unsafe fn head(&self) -> __m256i {
+            let qh = _mm_loadu_si128(self.qh.as_ptr().cast());
+            let scales = _mm_add_epi16(
+                _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1),
+                _mm_set1_epi16(1),
+            );
+            // Negative where bit 15 is set (qh | 1 is never 0).
+            let signed = _mm_sign_epi16(scales, _mm_or_si128(qh, _mm_set1_epi16(1)));
+            _mm256_set_m128i(_mm_unpackhi_epi16(signed, signed), _mm_unpacklo_epi16(signed, signed))
+        }
+
+        /// Lane s: `scale_s·±(bsum_2s + bsum_2s+1)`, whose total is `dot_1x1`'s `sumd`.
+        #[inline(always)]
+        unsafe fn head_sums(head: &__m256i, y: &BlockQ8K) -> __m256i {
+            _mm256_madd_epi16(load256(y.bsums.as_ptr()), *head)
+        }
+
+        #[inline(always)]
+        unsafe fn sub(&self, s: usize) -> Sub {
+            let qh = self.qh(s) as usize;
+            let g = |l: usize| {
+                IQ1S_GRID[(self.qs[4 * s + l] as usize | ((qh >> (3 * l)) & 7) << 8) & 2047] as i64
+            };
+            let values = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            Sub {
+                mag: _mm256_abs_epi8(values),
+                sign: values,
+                scale: _mm256_set1_epi16(2 * ((qh >> 12) & 7) as i16 + 1),
+                shift: _mm256_setzero_si256(),
+            }
+        }
+
+        /// As `dot_1x1`: the grid part into eight float lanes, the shift part into a scalar.
+        #[inline(always)]
+        unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, _order: DotOrder) {
+            let d = y.d() * f16_to_f32(self.d);
+            acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums.sumi), acc.v);
+            acc.s = d.mul_add(hsum_i32(sums.extra) as f32, acc.s);
+        }
+
+        #[inline(always)]
+        unsafe fn finish(acc: &Acc, _order: DotOrder) -> f32 {
+            grid::lanes_total(acc) + DELTA * acc.s
+        }
+    }
 
     impl<I: Isa> Kernels<I> for Iq1S {
         /// As ggml's AVX2 `ggml_vec_dot_iq1_s_q8_K`: per super-block the grid part
@@ -147,10 +202,7 @@ avx2! {
             }
         }
 
-        #[inline]
-        fn dot_1x4(w: &[BlockIq1S], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_1x4_by_1x1::<Self, I>(w, a, order)
-        }
+        grid_kernels!(I);
     }
 }
 

@@ -73,11 +73,54 @@ impl Weight for Iq2S {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
+    use crate::quant::format::Kernels;
+    use crate::quant::simd::grid::{self, grid_kernels, Acc, GridBlock, Sub, Sums};
+    use crate::quant::blocks::f16_to_f32;
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
     use crate::quant::simd::{bytes_from_bits_32, load256};
     use crate::quant::DotOrder;
+
+    /// The multi-row kernels' unpacking ([`grid`]): the magnitudes and signs of
+    /// [`ScaledBlock::sumi`], the signs as ±1 bytes.
+    impl GridBlock for BlockIq2S {
+        type Head = ();
+
+        #[inline(always)]
+        unsafe fn head(&self) {}
+
+        #[inline(always)]
+        unsafe fn head_sums(_: &(), _: &BlockQ8K) -> __m256i {
+            _mm256_setzero_si256()
+        }
+
+        #[inline(always)]
+        unsafe fn sub(&self, s: usize) -> Sub {
+            let qh = self.qh[s] as usize;
+            let g = |l: usize| {
+                IQ2S_GRID[(self.qs[4 * s + l] as usize | ((qh >> (2 * l)) & 3) << 8) & 1023] as i64
+            };
+            let scale = |h: usize| 2 * self.ls(s, h) as i16 + 1;
+            Sub {
+                mag: _mm256_set_epi64x(g(3), g(2), g(1), g(0)),
+                sign: grid::signs_from_bits(self.signs(s)),
+                scale: grid::half_scales(scale(0), scale(1)),
+                shift: _mm256_setzero_si256(),
+            }
+        }
+
+        /// vec_dot's eight lanes whatever the order (the only one the table lists), times
+        /// `0.125` at the end, as `dot_1x1`.
+        #[inline(always)]
+        unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, _order: DotOrder) {
+            grid::vec_dot_step(acc, f16_to_f32(self.d), sums.sumi, y);
+        }
+
+        #[inline(always)]
+        unsafe fn finish(acc: &Acc, _order: DotOrder) -> f32 {
+            0.125 * grid::lanes_total(acc)
+        }
+    }
 
     impl ScaledBlock for BlockIq2S {
         #[inline(always)]
@@ -116,10 +159,7 @@ avx2! {
             0.125 * unsafe { scaled_dot(w, a, DotOrder::VecDot) }
         }
 
-        #[inline]
-        fn dot_1x4(w: &[BlockIq2S], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_1x4_by_1x1::<Self, I>(w, a, order)
-        }
+        grid_kernels!(I);
     }
 }
 

@@ -78,11 +78,58 @@ impl Weight for Iq3S {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::{dot_1x4_by_1x1, Kernels};
+    use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
+    use crate::quant::simd::grid::{self, grid_kernels, Acc, GridBlock, Sub, Sums};
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
     use crate::quant::simd::{bytes_from_bits_32, load256};
     use crate::quant::DotOrder;
+
+    /// The multi-row kernels' unpacking ([`grid`]): the same magnitudes and signs as
+    /// [`ScaledBlock::sumi`], the signs as ±1 bytes for `_mm256_sign_epi8`.
+    impl GridBlock for BlockIq3S {
+        type Head = ();
+
+        #[inline(always)]
+        unsafe fn head(&self) {}
+
+        #[inline(always)]
+        unsafe fn head_sums(_: &(), _: &BlockQ8K) -> __m256i {
+            _mm256_setzero_si256()
+        }
+
+        #[inline(always)]
+        unsafe fn sub(&self, s: usize) -> Sub {
+            let qh = self.qh[s] as usize;
+            let qs = &self.qs[8 * s..8 * s + 8];
+            let g = |k: usize| IQ3S_GRID[(qs[k] as usize | ((qh >> k) & 1) << 8) & 511] as i32;
+            let signs = u32::from_le_bytes(self.signs[4 * s..4 * s + 4].try_into().unwrap());
+            Sub {
+                mag: _mm256_setr_epi32(g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7)),
+                sign: grid::signs_from_bits(signs),
+                scale: _mm256_set1_epi16(self.scale(s) as i16),
+                shift: _mm256_setzero_si256(),
+            }
+        }
+
+        /// As `scaled_dot`: vec_dot's eight lanes, or the tiled order's scalar chain.
+        #[inline(always)]
+        unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, order: DotOrder) {
+            let d_w = f16_to_f32(self.d);
+            match order {
+                DotOrder::Tiled => grid::tiled_step(acc, d_w, sums.sumi, y),
+                _ => grid::vec_dot_step(acc, d_w, sums.sumi, y),
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn finish(acc: &Acc, order: DotOrder) -> f32 {
+            match order {
+                DotOrder::Tiled => acc.s,
+                _ => grid::lanes_total(acc),
+            }
+        }
+    }
 
     impl ScaledBlock for BlockIq3S {
         #[inline(always)]
@@ -119,10 +166,7 @@ avx2! {
             unsafe { scaled_dot(w, a, order) }
         }
 
-        #[inline]
-        fn dot_1x4(w: &[BlockIq3S], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
-            dot_1x4_by_1x1::<Self, I>(w, a, order)
-        }
+        grid_kernels!(I);
     }
 }
 

@@ -21,6 +21,7 @@ pub mod affine32;
 pub mod block32;
 pub mod float;
 pub mod gemv_nibbles;
+pub mod grid;
 pub mod iq4;
 pub mod panel;
 pub mod panel_gemm;
