@@ -127,14 +127,9 @@ avx2! {
     /// `dot_1x1`.
     impl GridBlock for BlockIq1M {
         const SHIFT_LANES: bool = true;
-        type Head = ();
-
         #[inline(always)]
-        unsafe fn head(&self) {}
-
-        #[inline(always)]
-        unsafe fn head_sums(_: &(), _: &BlockQ8K) -> __m256i {
-            _mm256_setzero_si256()
+        fn d_f32(&self) -> f32 {
+            f16_to_f32(self.d())
         }
 
         #[inline(always)]
@@ -162,7 +157,7 @@ avx2! {
         /// As `dot_1x1`: both parts into eight float lanes each, by one `d·d_a`.
         #[inline(always)]
         unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, _order: DotOrder) {
-            let d = _mm256_set1_ps(y.d() * f16_to_f32(self.d()));
+            let d = _mm256_set1_ps(y.d() * self.d_f32());
             acc.v = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums.sumi), acc.v);
             acc.x = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums.extra), acc.x);
         }

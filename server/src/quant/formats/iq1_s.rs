@@ -110,8 +110,6 @@ avx2! {
     /// against the sub-blocks' signed scales, prepared once per super-block.
     impl GridBlock for BlockIq1S {
         /// Sixteen i16: lanes 2s and 2s+1 the signed scale of sub-block s (one per bsum).
-        type Head = __m256i;
-
         #[inline(always)]
         unsafe fn head(&self) -> __m256i {
             let qh = _mm_loadu_si128(self.qh.as_ptr().cast());
@@ -128,6 +126,11 @@ avx2! {
         #[inline(always)]
         unsafe fn head_sums(head: &__m256i, y: &BlockQ8K) -> __m256i {
             _mm256_madd_epi16(load256(y.bsums.as_ptr()), *head)
+        }
+
+        #[inline(always)]
+        fn d_f32(&self) -> f32 {
+            f16_to_f32(self.d)
         }
 
         #[inline(always)]
@@ -148,7 +151,7 @@ avx2! {
         /// As `dot_1x1`: the grid part into eight float lanes, the shift part into a scalar.
         #[inline(always)]
         unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, _order: DotOrder) {
-            let d = y.d() * f16_to_f32(self.d);
+            let d = y.d() * self.d_f32();
             acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums.sumi), acc.v);
             acc.s = d.mul_add(hsum_i32(sums.extra) as f32, acc.s);
         }

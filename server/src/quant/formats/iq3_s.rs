@@ -88,14 +88,9 @@ avx2! {
     /// The multi-row kernels' unpacking ([`grid`]): the same magnitudes and signs as
     /// [`ScaledBlock::sumi`], the signs as ±1 bytes for `_mm256_sign_epi8`.
     impl GridBlock for BlockIq3S {
-        type Head = ();
-
         #[inline(always)]
-        unsafe fn head(&self) {}
-
-        #[inline(always)]
-        unsafe fn head_sums(_: &(), _: &BlockQ8K) -> __m256i {
-            _mm256_setzero_si256()
+        fn d_f32(&self) -> f32 {
+            f16_to_f32(self.d)
         }
 
         #[inline(always)]
@@ -115,7 +110,7 @@ avx2! {
         /// As `scaled_dot`: vec_dot's eight lanes, or the tiled order's scalar chain.
         #[inline(always)]
         unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, order: DotOrder) {
-            let d_w = f16_to_f32(self.d);
+            let d_w = self.d_f32();
             match order {
                 DotOrder::Tiled => grid::tiled_step(acc, d_w, sums.sumi, y),
                 _ => grid::vec_dot_step(acc, d_w, sums.sumi, y),

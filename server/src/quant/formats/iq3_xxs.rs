@@ -79,7 +79,7 @@ avx2! {
     use std::arch::x86_64::*;
 
     use crate::quant::format::Kernels;
-    use crate::quant::simd::grid::{self, grid_kernels, Acc, GridBlock, Sub, Sums};
+    use crate::quant::simd::grid::{self, grid_kernels, GridBlock, Sub};
     use crate::quant::blocks::f16_to_f32;
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{scaled_dot, ScaledBlock};
@@ -89,16 +89,6 @@ avx2! {
     /// The multi-row kernels' unpacking ([`grid`]): the magnitudes and signs of
     /// [`ScaledBlock::sumi`], the signs as ±1 bytes straight from a table.
     impl GridBlock for BlockIq3Xxs {
-        type Head = ();
-
-        #[inline(always)]
-        unsafe fn head(&self) {}
-
-        #[inline(always)]
-        unsafe fn head_sums(_: &(), _: &BlockQ8K) -> __m256i {
-            _mm256_setzero_si256()
-        }
-
         #[inline(always)]
         unsafe fn sub(&self, s: usize) -> Sub {
             let aux = self.aux(s);
@@ -111,16 +101,12 @@ avx2! {
             }
         }
 
-        /// vec_dot's eight lanes whatever the order (the only one the table lists), times
-        /// `0.25` at the end, as `dot_1x1`.
-        #[inline(always)]
-        unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, _order: DotOrder) {
-            grid::vec_dot_step(acc, f16_to_f32(self.d), sums.sumi, y);
-        }
+        /// vec_dot's eight lanes whatever the order, times 0.25 at the end, as `dot_1x1`.
+        const LANES_SCALE: f32 = 0.25;
 
         #[inline(always)]
-        unsafe fn finish(acc: &Acc, _order: DotOrder) -> f32 {
-            0.25 * grid::lanes_total(acc)
+        fn d_f32(&self) -> f32 {
+            f16_to_f32(self.d)
         }
     }
 

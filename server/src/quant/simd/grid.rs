@@ -59,21 +59,39 @@ impl Acc {
     }
 }
 
-/// A grid type's super-block.
+/// A grid type's super-block. The defaults are the plain case: no head, and vec_dot's eight
+/// lanes scaled by the super-block's `d` and, at the end, by [`GridBlock::LANES_SCALE`].
 pub trait GridBlock {
     /// IQ1_M: each sub-block's shift part has lanes of its own ([`Sub::shift`]).
     const SHIFT_LANES: bool = false;
-    /// What the super-block prepares once for every activation row (IQ1_S's shift weights).
-    type Head: Copy;
-    unsafe fn head(&self) -> Self::Head;
+    /// The factor of the lane total at the end in the default [`GridBlock::finish`] (the
+    /// formats' `dot_1x1` apply it there: 0.125 for IQ2, 0.25 for IQ3_XXS).
+    const LANES_SCALE: f32 = 1.0;
+    /// What the super-block prepares once for every activation row: IQ1_S's shift weights, as
+    /// i16 lanes against the activation's block sums.
+    #[inline(always)]
+    unsafe fn head(&self) -> __m256i {
+        _mm256_setzero_si256()
+    }
     /// The shift part that comes from the activation's block sums (IQ1_S), as i32 lanes.
-    unsafe fn head_sums(head: &Self::Head, y: &BlockQ8K) -> __m256i;
+    #[inline(always)]
+    unsafe fn head_sums(_head: &__m256i, _y: &BlockQ8K) -> __m256i {
+        _mm256_setzero_si256()
+    }
     /// Sub-block s (0..8) unpacked.
     unsafe fn sub(&self, s: usize) -> Sub;
+    /// The super-block's scale `d`.
+    fn d_f32(&self) -> f32;
     /// Adds the super-block's sums against `y` to one output's chain, in `order`.
-    unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, order: DotOrder);
+    #[inline(always)]
+    unsafe fn step(&self, acc: &mut Acc, sums: Sums, y: &BlockQ8K, _order: DotOrder) {
+        vec_dot_step(acc, self.d_f32(), sums.sumi, y);
+    }
     /// The output from its chain.
-    unsafe fn finish(acc: &Acc, order: DotOrder) -> f32;
+    #[inline(always)]
+    unsafe fn finish(acc: &Acc, _order: DotOrder) -> f32 {
+        Self::LANES_SCALE * lanes_total(acc)
+    }
 }
 
 /// `sums` + sub-block `sub` · the 32 activations `act`.
@@ -198,7 +216,7 @@ pub unsafe fn rows_batch<B: GridBlock + Block>(
 unsafe fn group<B: GridBlock, const N: usize>(
     b: &B,
     subs: &[Sub; 8],
-    head: &B::Head,
+    head: &__m256i,
     y: [&BlockQ8K; N],
     acc: &mut [Acc],
     order: DotOrder,
