@@ -177,13 +177,13 @@ fn earlyoom_blind(profile: &Profile, min_mib: u64, weights_mib: Option<u64>) -> 
         None => "at least server.memory.min_over_weights_mib, whatever the model".to_owned(),
     };
     Some(format!(
-        "earlyoom.mem_kill_percent = {} would never fire in time: its line is {kill_line} MiB \
-         ({} % of machine.mem_total_mib = {total}) and MemAvailable counts the server's \
+        "earlyoom.mem_kill_percent = {kill} would never fire in time: its line is {kill_line} \
+         MiB ({kill} % of machine.mem_total_mib = {total}) and MemAvailable counts the server's \
          protected {min_mib} MiB ({protected}) as available, so the line must sit \
          {EARLYOOM_CUSHION_MIB} MiB above it, at {floor_mib} MiB; raise it (and \
          mem_term_percent, and machine.headroom_mib above the term line) to at least \
          {floor_percent}, or serve a smaller model",
-        e.mem_kill_percent, e.mem_kill_percent
+        kill = e.mem_kill_percent
     ))
 }
 

@@ -105,21 +105,31 @@ unsafe fn acc_sub<B: GridBlock>(sums: &mut Sums, sub: &Sub, act: __m256i) {
     }
 }
 
-/// The sums of super-block `b` against `N` activation super-blocks, each sub-block unpacked once.
+/// Super-block `b` against `N` activation super-blocks: their sums added to their chains `acc`.
+/// `head` and `sub(s)` are `b`'s head and sub-block s unpacked, each once for all `N` rows:
+/// on the spot (`dot_n`) or read back from a copy unpacked once for many groups (`rows_batch`).
 #[inline(always)]
-unsafe fn block_sums<B: GridBlock, const N: usize>(b: &B, y: [&BlockQ8K; N]) -> [Sums; N] {
-    let head = b.head();
+unsafe fn add_block<B: GridBlock, const N: usize>(
+    b: &B,
+    head: &__m256i,
+    sub: impl Fn(usize) -> Sub,
+    y: [&BlockQ8K; N],
+    acc: &mut [Acc],
+    order: DotOrder,
+) {
     let mut sums: [Sums; N] = std::array::from_fn(|t| Sums {
         sumi: _mm256_setzero_si256(),
-        extra: B::head_sums(&head, y[t]),
+        extra: B::head_sums(head, y[t]),
     });
     unrolled::<8>(|s| {
-        let sub = b.sub(s);
+        let sub = sub(s);
         for (sums, y) in sums.iter_mut().zip(y) {
             acc_sub::<B>(sums, &sub, load256(y.qs.as_ptr().add(32 * s).cast()));
         }
     });
-    sums
+    for t in 0..N {
+        b.step(&mut acc[t], sums[t], y[t], order);
+    }
 }
 
 /// One weight row against `N` activation rows (of as many super-blocks), each result the
@@ -139,10 +149,7 @@ pub unsafe fn dot_n<B: GridBlock, const N: usize>(
     for (i, b) in w.iter().enumerate() {
         // SAFETY (get_unchecked): every activation row has w.len() blocks (asserted above).
         let y: [&BlockQ8K; N] = std::array::from_fn(|t| a[t].get_unchecked(i));
-        let sums = block_sums(b, y);
-        for t in 0..N {
-            b.step(&mut acc[t], sums[t], y[t], order);
-        }
+        add_block(b, &b.head(), |s| b.sub(s), y, &mut acc, order);
     }
     acc.map(|acc| B::finish(&acc, order))
 }
@@ -190,15 +197,15 @@ pub unsafe fn rows_batch<B: GridBlock + Block>(
                 let y = |t: usize| acts.get_unchecked(t).get_unchecked(i);
                 let mut t = 0;
                 while t + 8 <= len {
-                    group::<B, 8>(b, &subs, &head, std::array::from_fn(|k| y(t + k)), &mut acc[t..t + 8], order);
+                    add_block::<B, 8>(b, &head, |s| subs[s], std::array::from_fn(|k| y(t + k)), &mut acc[t..t + 8], order);
                     t += 8;
                 }
                 while t + 4 <= len {
-                    group::<B, 4>(b, &subs, &head, std::array::from_fn(|k| y(t + k)), &mut acc[t..t + 4], order);
+                    add_block::<B, 4>(b, &head, |s| subs[s], std::array::from_fn(|k| y(t + k)), &mut acc[t..t + 4], order);
                     t += 4;
                 }
                 while t < len {
-                    group::<B, 1>(b, &subs, &head, [y(t)], &mut acc[t..t + 1], order);
+                    add_block::<B, 1>(b, &head, |s| subs[s], [y(t)], &mut acc[t..t + 1], order);
                     t += 1;
                 }
             }
@@ -208,32 +215,6 @@ pub unsafe fn rows_batch<B: GridBlock + Block>(
         }
     }
     true
-}
-
-/// One super-block `b`, already unpacked (`subs`, `head`), against `N` activation super-blocks:
-/// their sums added to their chains `acc`.
-#[inline(always)]
-unsafe fn group<B: GridBlock, const N: usize>(
-    b: &B,
-    subs: &[Sub; 8],
-    head: &__m256i,
-    y: [&BlockQ8K; N],
-    acc: &mut [Acc],
-    order: DotOrder,
-) {
-    let mut sums: [Sums; N] = std::array::from_fn(|t| Sums {
-        sumi: _mm256_setzero_si256(),
-        extra: B::head_sums(head, y[t]),
-    });
-    unrolled::<8>(|s| {
-        let sub = subs[s];
-        for (sums, y) in sums.iter_mut().zip(y) {
-            acc_sub::<B>(sums, &sub, load256(y.qs.as_ptr().add(32 * s).cast()));
-        }
-    });
-    for t in 0..N {
-        b.step(&mut acc[t], sums[t], y[t], order);
-    }
 }
 
 /// Four weight rows against one activation row (decode's mat-vec): each activation sub-block
