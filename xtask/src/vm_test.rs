@@ -45,6 +45,8 @@ pub struct VmTest {
 
 impl VmTest {
     pub fn run(self, sh: &Shell) -> Result<()> {
+        // Before the image build, which a misspelt check would otherwise wait for.
+        vm_tests::check_names::unknown_checks(&self.only)?;
         // The default profile is named from the repository's root, where the suite runs.
         let mut profile_path = sh.current_dir().join(&self.profile);
         let mut synthetic = false;

@@ -32,9 +32,10 @@ pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
         }
     }
     // MemoryMax of a model of no size at all: the process's allowance and the two margins above
-    // it. (Each margin is below `ram`, so the sum cannot overflow.)
-    let max_floor =
-        mib(RUNTIME_ALLOWANCE_BYTES) + policy.high_over_need_mib + policy.max_over_high_mib;
+    // it. Saturating: a margin may be absurd (reported above), and that must stay an error.
+    let max_floor = mib(RUNTIME_ALLOWANCE_BYTES)
+        .saturating_add(policy.high_over_need_mib)
+        .saturating_add(policy.max_over_high_mib);
     if max_floor >= ram {
         p.push(format!(
             "server.memory: MemoryMax would be at least {max_floor} MiB ({} MiB for the process \
@@ -68,7 +69,7 @@ pub(super) fn across_sections(profile: &Profile, p: &mut Vec<String>) {
     // An idle box below earlyoom's term line would have earlyoom killing at rest.
     let e = &profile.earlyoom;
     let total = profile.machine.mem_total_mib;
-    let term_line_mib = percent_of(e.mem_term_percent, total);
+    let term_line_mib = e.term_line(total);
     let headroom = profile.machine.headroom_mib;
     if u128::from(headroom) <= term_line_mib || headroom >= total {
         p.push(format!(
@@ -150,13 +151,6 @@ fn keys_and_tls(profile: &Profile, p: &mut Vec<String>) {
 /// kills the hog.
 pub const EARLYOOM_CUSHION_MIB: u64 = 48;
 
-/// `percent` of `mib`, rounded down, as earlyoom computes its lines (of MemTotal). In u128,
-/// which no product of two u64 overflows: the values may be absurd here (their sections report
-/// that), and must give an error, not a wrap or a panic.
-fn percent_of(percent: u8, mib: u64) -> u128 {
-    u128::from(percent) * u128::from(mib) / 100
-}
-
 /// Why earlyoom's kill line could never fire in time with `min_mib` protected (None if it can):
 /// MemAvailable counts the server's page cache as available although MemoryMin keeps it from
 /// being reclaimed, so the line (a share of MemTotal, as earlyoom takes it) must sit
@@ -164,7 +158,7 @@ fn percent_of(percent: u8, mib: u64) -> u128 {
 fn earlyoom_blind(profile: &Profile, min_mib: u64, weights_mib: Option<u64>) -> Option<String> {
     let e = &profile.earlyoom;
     let total = profile.machine.mem_total_mib;
-    let kill_line = percent_of(e.mem_kill_percent, total);
+    let kill_line = e.kill_line(total);
     let floor_mib = u128::from(min_mib) + u128::from(EARLYOOM_CUSHION_MIB);
     if kill_line >= floor_mib {
         return None;

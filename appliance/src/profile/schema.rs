@@ -653,6 +653,17 @@ fn sysctl_problems(sysctl: &BTreeMap<String, SysctlValue>, p: &mut Vec<String>) 
 }
 
 impl Earlyoom {
+    /// The memory line where earlyoom starts sending SIGTERM, for a MemTotal of `mem_total`
+    /// (the line in the same unit).
+    pub fn term_line(&self, mem_total: u64) -> u128 {
+        percent_of(self.mem_term_percent, mem_total)
+    }
+
+    /// The memory line where earlyoom sends SIGKILL, as [`Earlyoom::term_line`].
+    pub fn kill_line(&self, mem_total: u64) -> u128 {
+        percent_of(self.mem_kill_percent, mem_total)
+    }
+
     /// The process names earlyoom must leave alone, the server first.
     pub fn avoided(&self) -> impl Iterator<Item = &str> {
         std::iter::once(SERVER_PROCESS).chain(self.avoid.iter().map(String::as_str))
@@ -724,6 +735,13 @@ fn is_name(s: &str) -> bool {
         && !s.starts_with('-')
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// `percent` of `total`, rounded down, as earlyoom computes its lines (of MemTotal). In u128,
+/// which no product of two u64 overflows: a profile's values may be absurd (their sections
+/// report that), and must give an error, not a wrap or a panic.
+fn percent_of(percent: u8, total: u64) -> u128 {
+    u128::from(percent) * u128::from(total) / 100
 }
 
 #[cfg(test)]

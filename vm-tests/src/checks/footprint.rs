@@ -200,13 +200,13 @@ pub fn run(ssh: &Ssh, api: &Api, profile: &Profile, pace: Option<Pace>) -> Resul
         faults as f64 / tokens.max(1) as f64,
     );
     let mut problems = Vec::new();
-    let term_line = u64::from(profile.earlyoom.mem_term_percent) * idle.total / 100;
-    if min_available < term_line {
+    let term_line = profile.earlyoom.term_line(idle.total);
+    if u128::from(min_available) < term_line {
         problems.push(format!(
             "a completion took MemAvailable to {} MiB, under earlyoom's term line {} MiB \
              ({}% of MemTotal): earlyoom would kill during ordinary use",
             mib(min_available),
-            mib(term_line),
+            mib(u64::try_from(term_line).unwrap_or(u64::MAX)),
             profile.earlyoom.mem_term_percent
         ));
     }
