@@ -9,7 +9,9 @@
 //! four or eight rows (prefill) they are done once and each row costs a sign, a `maddubs`, a
 //! `madd` and an add. Every lane holds the integers the formats' single-row kernels hold (the
 //! same products, `maddubs` of the magnitudes and the signed activations, in the same pairs and
-//! quads), so each output is bit-identical to theirs.
+//! quads), so each output is bit-identical to theirs. The unit grids (IQ1_S, IQ1_M) take the
+//! batch a cheaper way to the same lane integers: a `maddubs` of the bytes `q·scale + 15`, four
+//! sub-blocks summed in i16, the offset and IQ1_M's shifts from activation sums made once per row.
 
 use std::arch::x86_64::*;
 
@@ -355,8 +357,8 @@ unsafe fn unit_acts(y: &BlockQ8K) -> UnitActs {
 /// [`unit_acts`]: the same integer lanes as [`acc_sub`] sums (lane j of the grid part
 /// `Σ_s scale·Σ q·a` = `Σ_s Σ (q·scale + 15)·a − 15·Σ_s Σ a`; of the shift part
 /// `Σ_s ±scale·Σ a` by one `madd` per pair of sub-blocks), given Q8_K quants (within ±127,
-/// where the single-row kernels' sign flips are exact), with two `maddubs`-free steps a
-/// sub-block fewer.
+/// where the single-row kernels' sign flips are exact): a sub-block costs each activation row
+/// one `maddubs` and one i16 add, not a sign, two `maddubs`, two `madd`s and two adds.
 #[inline(always)]
 unsafe fn add_unit_block<B: GridBlock, const N: usize>(
     b: &B,
