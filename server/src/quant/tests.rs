@@ -891,3 +891,60 @@ fn grid_types_batch_kernel_equals_grouping_past_its_pass() {
         }
     }
 }
+
+/// The unit grids' batch kernel (IQ1_S, IQ1_M: `simd::grid::rows_batch` sums four sub-blocks of
+/// `q·scale + 15` times the activations in i16) at its bounds: every scale 15, activation rows
+/// of all -127 and (but for one value a block) all 127 among random ones, against llama.cpp's
+/// grouping bit for bit.
+#[test]
+fn unit_grids_batch_kernel_at_its_i16_bounds_equals_grouping() {
+    use GgmlType::*;
+    let mut rng = Rng(13);
+    let n = 3 * 256;
+    for w in [IQ1_S, IQ1_M] {
+        let block = w.row_bytes(256).unwrap();
+        let mut rows: Vec<u8> = (0..6)
+            .flat_map(|_| random_weights(w, n, &mut rng))
+            .collect();
+        for b in rows.chunks_exact_mut(block) {
+            if w == IQ1_S {
+                // Bits 12..15 of the u16 qh[s] (from byte 34) are its scale.
+                (0..8).for_each(|s| b[34 + 2 * s + 1] |= 0x70);
+            } else {
+                // Bits 0..12 of the u16 k of scales (from byte 48) are four scales.
+                (0..4).for_each(|k| {
+                    b[48 + 2 * k] = 0xFF;
+                    b[48 + 2 * k + 1] |= 0x0F;
+                });
+            }
+        }
+        let acts: Vec<Vec<u8>> = (0..20)
+            .map(|t| match t % 3 {
+                0 => quantized(w, &vec![1.0; n]),
+                // Each block's value of largest magnitude is made -127: the rest 127.
+                1 => quantized(
+                    w,
+                    &(0..n)
+                        .map(|i| if i % 256 == 0 { 1.0 } else { -0.9999 })
+                        .collect::<Vec<_>>(),
+                ),
+                _ => quantized(w, &random_activations(n, &mut rng)),
+            })
+            .collect();
+        for (t, q) in [(0, -127), (1, 127)] {
+            assert!(
+                blocks::<BlockQ8K>(&acts[t])
+                    .iter()
+                    .all(|b| b.qs[1..].iter().all(|&v| v == q)),
+                "activation row {t} is not all {q}"
+            );
+        }
+        for choice in runnable_isas() {
+            for order in [DotOrder::VecDot, DotOrder::Tiled] {
+                let checked =
+                    isa::forced(choice, || batch_equals_groups(w, order, n, &rows, &acts));
+                assert!(checked.is_ok(), "{} on {choice}", checked.unwrap_err());
+            }
+        }
+    }
+}

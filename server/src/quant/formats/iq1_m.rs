@@ -127,6 +127,7 @@ avx2! {
     /// `dot_1x1`.
     impl GridBlock for BlockIq1M {
         const SHIFT_LANES: bool = true;
+        const UNIT_GRID: bool = true;
         #[inline(always)]
         fn d_f32(&self) -> f32 {
             f16_to_f32(self.d())

@@ -109,6 +109,8 @@ avx2! {
     /// the shift part `Σ scale·±bsum` comes from the activation's block sums by one `madd`
     /// against the sub-blocks' signed scales, prepared once per super-block.
     impl GridBlock for BlockIq1S {
+        const UNIT_GRID: bool = true;
+
         /// Sixteen i16: lanes 2s and 2s+1 the signed scale of sub-block s (one per bsum).
         #[inline(always)]
         unsafe fn head(&self) -> __m256i {

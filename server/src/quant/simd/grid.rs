@@ -9,7 +9,9 @@
 //! four or eight rows (prefill) they are done once and each row costs a sign, a `maddubs`, a
 //! `madd` and an add. Every lane holds the integers the formats' single-row kernels hold (the
 //! same products, `maddubs` of the magnitudes and the signed activations, in the same pairs and
-//! quads), so each output is bit-identical to theirs.
+//! quads), so each output is bit-identical to theirs. The unit grids (IQ1_S, IQ1_M) take the
+//! batch a cheaper way to the same lane integers: a `maddubs` of the bytes `q·scale + 15`, four
+//! sub-blocks summed in i16, the offset and IQ1_M's shifts from activation sums made once per row.
 
 use std::arch::x86_64::*;
 
@@ -62,8 +64,12 @@ impl Acc {
 /// A grid type's super-block. The defaults are the plain case: no head, and vec_dot's eight
 /// lanes scaled by the super-block's `d` and, at the end, by [`GridBlock::LANES_SCALE`].
 pub trait GridBlock {
-    /// IQ1_M: each sub-block's shift part has lanes of its own ([`Sub::shift`]).
+    /// IQ1_M: each sub-block's shift part has lanes of its own ([`Sub::shift`]), a sign per
+    /// eight values.
     const SHIFT_LANES: bool = false;
+    /// IQ1_S, IQ1_M: grid values in -1..=1 and scales in 1..=15, so [`rows_batch`] dots a
+    /// sub-block as the bytes `q·scale + 15` ([`UnitWeights`]).
+    const UNIT_GRID: bool = false;
     /// The factor of the lane total at the end in the default [`GridBlock::finish`] (the
     /// formats' `dot_1x1` apply it there: 0.125 for IQ2, 0.25 for IQ3_XXS).
     const LANES_SCALE: f32 = 1.0;
@@ -185,6 +191,10 @@ pub unsafe fn rows_batch<B: GridBlock + Block>(
         rows.len() == n_rows * row_bytes && outs.iter().all(|o| o.len() == n_rows),
         "rows and outputs of unequal counts"
     );
+    if B::UNIT_GRID {
+        unit_rows_batch::<B>(rows, row_bytes, n, acts, order, outs);
+        return true;
+    }
     let mut acc = [Acc::zero(); BATCH];
     for (acts, outs) in acts.chunks(BATCH).zip(outs.chunks_mut(BATCH)) {
         let len = acts.len();
@@ -215,6 +225,175 @@ pub unsafe fn rows_batch<B: GridBlock + Block>(
         }
     }
     true
+}
+
+/// [`rows_batch`] of the unit grids ([`GridBlock::UNIT_GRID`]), `n` super-blocks a row: each
+/// activation super-block's [`unit_acts`] made once per pass of [`BATCH`] rows, each weight
+/// row's [`unit_weights`] once per pass (into L1), then every group of eight (four, one)
+/// activation rows runs along the whole row, the rows' blocks read in order.
+#[inline(always)]
+unsafe fn unit_rows_batch<B: GridBlock + Block>(
+    rows: &[u8],
+    row_bytes: usize,
+    n: usize,
+    acts: &[&[BlockQ8K]],
+    order: DotOrder,
+    outs: &mut [&mut [f32]],
+) {
+    let mut sums: Vec<UnitActs> = Vec::with_capacity(BATCH.min(acts.len()) * n);
+    let mut weights: Vec<(UnitWeights, __m256i)> = Vec::with_capacity(n);
+    for (acts, outs) in acts.chunks(BATCH).zip(outs.chunks_mut(BATCH)) {
+        sums.clear();
+        sums.extend(acts.iter().flat_map(|a| a.iter().map(|y| unit_acts(y))));
+        for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+            let row = blocks::<B>(row);
+            weights.clear();
+            weights.extend(row.iter().map(|b| (unit_weights(b), b.head())));
+            let mut t = 0;
+            while t < acts.len() {
+                let group = match acts.len() - t {
+                    8.. => 8,
+                    4..8 => 4,
+                    _ => 1,
+                };
+                let (a, u) = (&acts[t..t + group], &sums[t * n..(t + group) * n]);
+                let o = &mut outs[t..t + group];
+                match group {
+                    8 => unit_group::<B, 8>(row, &weights, a, u, order, o, r),
+                    4 => unit_group::<B, 4>(row, &weights, a, u, order, o, r),
+                    _ => unit_group::<B, 1>(row, &weights, a, u, order, o, r),
+                }
+                t += group;
+            }
+        }
+    }
+}
+
+/// `N` activation rows (their [`unit_acts`] `u`, `n` a row) against one weight row `row` (its
+/// [`unit_weights`] and heads `w`): `outs[t][r]` each in the format's single-row order.
+#[inline(always)]
+unsafe fn unit_group<B: GridBlock, const N: usize>(
+    row: &[B],
+    w: &[(UnitWeights, __m256i)],
+    acts: &[&[BlockQ8K]],
+    u: &[UnitActs],
+    order: DotOrder,
+    outs: &mut [&mut [f32]],
+    r: usize,
+) {
+    let n = row.len();
+    assert!(
+        w.len() == n && acts.len() == N && u.len() == N * n && outs.len() == N,
+        "unit_group: {N} rows of {n} super-blocks"
+    );
+    let mut acc = [Acc::zero(); N];
+    for (i, (b, (w, head))) in row.iter().zip(w).enumerate() {
+        // SAFETY (get_unchecked): every activation row has n blocks (rows_batch checked) and
+        // n entries in `u` (asserted above).
+        let y = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
+        let u = std::array::from_fn(|t| u.get_unchecked(t * n + i));
+        add_unit_block::<B, N>(b, w, head, y, u, &mut acc, order);
+    }
+    for (o, acc) in outs.iter_mut().zip(&acc) {
+        o[r] = B::finish(acc, order);
+    }
+}
+
+/// A unit grid's super-block as [`rows_batch`] dots it ([`GridBlock::UNIT_GRID`]): `offset[s]`
+/// the 32 bytes `q·scale + 15` of sub-block s (unsigned, at most 30: `maddubs` against the
+/// activations gives pairs within ±7680, so four sub-blocks sum in i16 exactly), `pairs` the
+/// shift part's coefficients ([`GridBlock::SHIFT_LANES`]): vector p has in i16 lanes 2j and
+/// 2j + 1 the signed scales (scale times shift sign) of i32 lane j of sub-blocks 2p and 2p + 1,
+/// each constant over the four values of its lane.
+struct UnitWeights {
+    offset: [__m256i; 8],
+    pairs: [__m256i; 4],
+}
+
+#[inline(always)]
+unsafe fn unit_weights<B: GridBlock>(b: &B) -> UnitWeights {
+    let subs: [Sub; 8] = std::array::from_fn(|s| b.sub(s));
+    // The scales as bytes (values 0..16 the low half's, 16..32 the high half's), each by its
+    // value's sign: q·scale, as q is -1, 0 or 1.
+    let offset = std::array::from_fn(|s| {
+        let scale = _mm256_packs_epi16(subs[s].scale, subs[s].scale);
+        _mm256_add_epi8(_mm256_sign_epi8(scale, subs[s].sign), _mm256_set1_epi8(15))
+    });
+    // The shift bytes are 0x01 or 0xFF: as i16 positive or negative.
+    let signed = |s: usize| _mm256_sign_epi16(subs[s].scale, subs[s].shift);
+    let pairs = std::array::from_fn(|p| {
+        if B::SHIFT_LANES {
+            _mm256_blend_epi16::<0xAA>(signed(2 * p), signed(2 * p + 1))
+        } else {
+            _mm256_setzero_si256()
+        }
+    });
+    UnitWeights { offset, pairs }
+}
+
+/// An activation super-block's sums for the unit grids: entries 0..4 its sums of four (i32 lane
+/// j of sub-block s: the sum of values 4j..4j + 4, within ±512) as i16 in
+/// [`UnitWeights::pairs`]' layout, vector p lanes 2j and 2j + 1 those of sub-blocks 2p and
+/// 2p + 1; entry 4 lane j `-15·Σ_s` of them (what the `+ 15` of [`UnitWeights::offset`] adds).
+type UnitActs = [__m256i; 5];
+
+#[inline(always)]
+unsafe fn unit_acts(y: &BlockQ8K) -> UnitActs {
+    let quads: [__m256i; 8] = std::array::from_fn(|s| {
+        let act = load256(y.qs.as_ptr().add(32 * s).cast());
+        _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_set1_epi8(1), act),
+            _mm256_set1_epi16(1),
+        )
+    });
+    let total = quads.iter().fold(_mm256_setzero_si256(), |t, &q| _mm256_add_epi32(t, q));
+    std::array::from_fn(|p| match p {
+        4 => _mm256_sub_epi32(total, _mm256_slli_epi32::<4>(total)),
+        _ => _mm256_blend_epi16::<0xAA>(quads[2 * p], _mm256_slli_epi32::<16>(quads[2 * p + 1])),
+    })
+}
+
+/// [`add_block`] for the unit grids, with `w` = `b`'s [`unit_weights`] and `u[t]` = `y[t]`'s
+/// [`unit_acts`]: the same integer lanes as [`acc_sub`] sums (lane j of the grid part
+/// `Σ_s scale·Σ q·a` = `Σ_s Σ (q·scale + 15)·a − 15·Σ_s Σ a`; of the shift part
+/// `Σ_s ±scale·Σ a` by one `madd` per pair of sub-blocks), given Q8_K quants (within ±127,
+/// where the single-row kernels' sign flips are exact): a sub-block costs each activation row
+/// one `maddubs` and one i16 add, not a sign, two `maddubs`, two `madd`s and two adds.
+#[inline(always)]
+unsafe fn add_unit_block<B: GridBlock, const N: usize>(
+    b: &B,
+    w: &UnitWeights,
+    head: &__m256i,
+    y: [&BlockQ8K; N],
+    u: [&UnitActs; N],
+    acc: &mut [Acc],
+    order: DotOrder,
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut sumi: [__m256i; N] = std::array::from_fn(|t| u[t][4]);
+    for half in 0..2 {
+        let mut pairs = [_mm256_setzero_si256(); N];
+        for s in 4 * half..4 * half + 4 {
+            let offset = w.offset[s];
+            for (pairs, y) in pairs.iter_mut().zip(y) {
+                let act = load256(y.qs.as_ptr().add(32 * s).cast());
+                *pairs = _mm256_add_epi16(*pairs, _mm256_maddubs_epi16(offset, act));
+            }
+        }
+        for (sumi, pairs) in sumi.iter_mut().zip(pairs) {
+            *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(pairs, ones));
+        }
+    }
+    for t in 0..N {
+        let extra = if B::SHIFT_LANES {
+            (0..4).fold(_mm256_setzero_si256(), |e, p| {
+                _mm256_add_epi32(e, _mm256_madd_epi16(u[t][p], w.pairs[p]))
+            })
+        } else {
+            B::head_sums(head, y[t])
+        };
+        b.step(&mut acc[t], Sums { sumi: sumi[t], extra }, y[t], order);
+    }
 }
 
 /// Four weight rows against one activation row (decode's mat-vec): each activation sub-block
