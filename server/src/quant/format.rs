@@ -166,14 +166,14 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
         0
     }
     /// [`Kernels::rows_x1`] for `N` (2..=4) activation rows (a batch of streams):
-    /// `outs[t][i]` = row i · `a[t]`, each what [`Kernels::dot_4xn`] gives it, in
-    /// [`DotOrder::Free`] (the other orders go row by row). Returns how many of the first rows
-    /// it wrote (whole quads); the default writes none.
+    /// `outs[t][i]` = row i · `a[t]` in `order`, each what [`Kernels::dot_4xn`] gives it.
+    /// Returns how many of the first rows it wrote (whole quads); the default writes none.
     #[inline(always)]
     fn rows_xn<const N: usize>(
         _rows: &[u8],
         _row_bytes: usize,
         _a: [&[ActBlock<Self>]; N],
+        _order: DotOrder,
         _outs: &mut [&mut [f32]],
     ) -> usize {
         0
@@ -191,7 +191,7 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
         a.map(|a| Self::dot_1x1(w, a, order))
     }
     /// Four weight rows (of equal length) against `N` (1..=4) activation rows: decode's
-    /// mat-vec (N = 1) and a batch of decode streams (N > 1, free order only). In
+    /// mat-vec (N = 1) and a batch of decode streams (N > 1). In
     /// [`DotOrder::Free`] a format that overrides it may sum in its own float order, the same
     /// for every N (so a stream's results do not depend on what it is batched with); in every
     /// other order each result must be bit-identical to [`Kernels::dot_1x1`] (so a format

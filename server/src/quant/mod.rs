@@ -526,7 +526,11 @@ pub fn dot_rows_multi(
     }
 }
 
-/// One group of [`dot_rows_multi`], the order chosen outside the loops as in [`dot_rows`].
+/// One group of [`dot_rows_multi`], the order chosen outside the loops as in [`dot_rows`]: the
+/// format's own mat-vec first, as far as it goes (whole quads, [`Kernels::rows_xn`]), then the
+/// rest in quads in the free order (so each output is the one a single-row call computes) and
+/// row by row in the others (each row's [`Kernels::dot_1xn`], the exact chains of
+/// [`Kernels::dot_1x1`]).
 #[inline(always)]
 fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(
     order: DotOrder,
@@ -537,25 +541,26 @@ fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(
 ) {
     let acts: [&[ActBlock<W>]; N] = std::array::from_fn(|t| blocks(acts[t]));
     with_order!(order, order => {
+        let done = W::rows_xn(rows, row_bytes, acts, order, outs);
         if order == DotOrder::Free {
-            rows_4_n_of::<W, I, N>(row_bytes, rows, acts, outs)
+            rows_4_n_from::<W, I, N>(done, row_bytes, rows, acts, outs)
         } else {
-            rows_n_of::<W, I, N>(order, row_bytes, rows, acts, outs)
+            rows_n_from::<W, I, N>(done, order, row_bytes, rows, acts, outs)
         }
     })
 }
 
-/// [`dot_rows`]'s loop in the orders other than free for `N` activation rows, row by row (each
-/// row's results are its [`Kernels::dot_1x1`]s, as [`rows_4_of`]'s are).
+/// [`rows_n_in`]'s loop in the orders other than free, row by row from row `first`.
 #[inline(always)]
-fn rows_n_of<W: Kernels<I>, I: Isa, const N: usize>(
+fn rows_n_from<W: Kernels<I>, I: Isa, const N: usize>(
+    first: usize,
     order: DotOrder,
     row_bytes: usize,
     rows: &[u8],
     acts: [&[ActBlock<W>]; N],
     outs: &mut [&mut [f32]],
 ) {
-    for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
+    for (i, row) in rows.chunks_exact(row_bytes).enumerate().skip(first) {
         if let Some(ahead) =
             rows.get((i + PREFETCH_ROWS) * row_bytes..(i + PREFETCH_ROWS + 1) * row_bytes)
         {
@@ -567,22 +572,21 @@ fn rows_n_of<W: Kernels<I>, I: Isa, const N: usize>(
     }
 }
 
-/// [`rows_4_of`] in the free order for `N` activation rows: the same quads of weight rows, so
-/// each output is the one a single-row call computes.
+/// [`rows_n_in`]'s loop in the free order from row `first` (a whole number of quads): the same
+/// quads of weight rows as [`rows_4_of`]'s.
 #[inline(always)]
-fn rows_4_n_of<W: Kernels<I>, I: Isa, const N: usize>(
+fn rows_4_n_from<W: Kernels<I>, I: Isa, const N: usize>(
+    first: usize,
     row_bytes: usize,
     rows: &[u8],
     acts: [&[ActBlock<W>]; N],
     outs: &mut [&mut [f32]],
 ) {
     let order = DotOrder::Free;
-    // The format's own mat-vec first, as far as it goes (whole quads).
-    let done = W::rows_xn(rows, row_bytes, acts, outs);
     let quads = rows.chunks_exact(4 * row_bytes);
     let rest = quads.remainder();
     let n_quads = rows.len() / (4 * row_bytes);
-    for (q, quad) in quads.enumerate().skip(done / 4) {
+    for (q, quad) in quads.enumerate().skip(first / 4) {
         let ahead = (q + 1) * 4 * row_bytes + PREFETCH_ROWS * row_bytes;
         if let Some(ahead) = rows.get(ahead..ahead + 4 * row_bytes) {
             prefetch(ahead);

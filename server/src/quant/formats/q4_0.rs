@@ -144,18 +144,22 @@ avx2! {
             }
         }
 
-        /// [`block32::free_rows_n`]: the free order's quads for a batch of streams, each
-        /// requesting the next as it goes.
+        /// [`block32::free_or_exact_rows_n`]: quads for a batch of streams, each requesting the
+        /// next as it goes (the repacked order goes quad by quad without).
         #[inline]
         fn rows_xn<const N: usize>(
             rows: &[u8],
             row_bytes: usize,
             a: [&[BlockQ8_0]; N],
+            order: DotOrder,
             outs: &mut [&mut [f32]],
         ) -> usize {
+            if order == DotOrder::Repacked {
+                return 0;
+            }
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
             // kernel checks the lengths it relies on.
-            unsafe { block32::free_rows_n::<I, BlockQ4_0, N>(rows, row_bytes, a, outs) }
+            unsafe { block32::free_or_exact_rows_n::<I, BlockQ4_0, N>(order, rows, row_bytes, a, outs) }
         }
 
         #[inline]
@@ -209,7 +213,7 @@ avx2! {
                     DotOrder::Free if N == 1 => std::array::from_fn(|t| block32::vec_dot_4rows::<I, _>(w, a[t])),
                     DotOrder::Free => block32::vec_dot_4rows_n::<I, _, _>(w, a),
                     DotOrder::Repacked => std::array::from_fn(|t| block32::repacked_4rows::<I, _>(w, a[t])),
-                    _ => std::array::from_fn(|t| block32::vec_dot_4rows_exact::<I, _>(w, a[t])),
+                    _ => block32::vec_dot_4rows_exact_n::<I, _, _>(w, a),
                 }
             }
         }

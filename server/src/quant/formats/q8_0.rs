@@ -160,7 +160,7 @@ avx2! {
                 match order {
                     DotOrder::Free if N == 1 => std::array::from_fn(|t| block32::vec_dot_4rows::<I, _>(w, a[t])),
                     DotOrder::Free => block32::vec_dot_4rows_n::<I, _, _>(w, a),
-                    _ => std::array::from_fn(|t| block32::vec_dot_4rows_exact::<I, _>(w, a[t])),
+                    _ => block32::vec_dot_4rows_exact_n::<I, _, _>(w, a),
                 }
             }
         }

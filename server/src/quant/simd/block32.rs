@@ -115,45 +115,64 @@ unsafe fn scales_4rows<B: SignedBlock32>(b: [&B; 4], d_a: f32) -> __m128 {
     _mm_mul_ps(_mm_cvtph_ps(f16_lanes(b.map(|b| b.d()))), _mm_set1_ps(d_a))
 }
 
-/// [`vec_dot`] of four weight rows against one activation row, each row's result bit-identical
-/// to its own [`vec_dot`] (its own eight-lane chain, the same FMAs): the activation block is
-/// loaded and its scale converted once for four rows, and the four `d_w·d_a` come from one
-/// conversion and one multiply.
+/// [`vec_dot`] of four weight rows against `N` activation rows (decode's mat-vec, a batch of
+/// streams), each result bit-identical to its own [`vec_dot`] (its own eight-lane chain, the
+/// same FMAs): each weight block is unpacked once for all activation rows, each activation
+/// block loaded and its scale converted once for the four rows, and the four `d_w·d_a` of an
+/// activation row come from one multiply.
 #[inline(always)]
-pub unsafe fn vec_dot_4rows_exact<I: Isa, B: SignedBlock32>(w: [&[B]; 4], a: &[BlockQ8_0]) -> [f32; 4] {
-    exact_4rows_ahead::<I, B>(w, None, a)
+pub unsafe fn vec_dot_4rows_exact_n<I: Isa, B: SignedBlock32, const N: usize>(
+    w: [&[B]; 4],
+    a: [&[BlockQ8_0]; N],
+) -> [[f32; 4]; N] {
+    exact_4rows_n::<I, B, N>(w, None, a)
 }
 
-/// [`vec_dot_4rows_exact`], requesting the `next` quad's block i while it reads its own.
+/// [`vec_dot_4rows_exact_n`], requesting the `next` quad's block i while it reads its own.
+///
+/// A format with an [`SignedBlock32::OFFSET`] multiplies its unsigned quants by the activations
+/// and starts each lane from `-offset·Σ a` ([`vnni_base`], once per activation block for the
+/// four rows): the lanes of [`signed_quads`] exactly, for two multiplies and an add per row in
+/// place of two sign fix-ups and two multiplies. Without an offset the unsigned quants would
+/// reach 255, whose pair sums saturate `maddubs`, so AVX2 keeps the signs there.
 #[inline(always)]
-unsafe fn exact_4rows_ahead<I: Isa, B: SignedBlock32>(
+unsafe fn exact_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: [&[B]; 4],
     next: Option<[&[B]; 4]>,
-    a: &[BlockQ8_0],
-) -> [f32; 4] {
-    let n = a.len();
-    assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    a: [&[BlockQ8_0]; N],
+) -> [[f32; 4]; N] {
+    let n = w[0].len();
+    assert!(
+        w.iter().all(|w| w.len() == n) && a.iter().all(|a| a.len() == n),
+        "rows of unequal length"
+    );
     assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
+    let unsigned = I::VNNI || B::OFFSET.is_some();
     let lane = [0, 1, 2, 3].map(|r| _mm256_set1_epi32(r));
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (i, ab) in a.iter().enumerate() {
+    let mut acc = [[_mm256_setzero_ps(); 4]; N];
+    for i in 0..n {
         request_next(next, i);
         // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
         let b = w.map(|w| w.get_unchecked(i));
-        let aq = load256(ab.qs.as_ptr().cast());
-        let d = _mm256_castps128_ps256(scales_4rows(b, f16_to_f32(ab.d)));
-        let base = if I::VNNI { vnni_base::<I, B>(aq) } else { _mm256_setzero_si256() };
-        for r in 0..4 {
-            let sumi = if I::VNNI {
-                dpbusd::<I>(base, vnni_unsigned(b[r]), aq)
-            } else {
-                signed_quads::<I>(b[r].quants(), aq)
-            };
-            let d_r = _mm256_permutevar8x32_ps(d, lane[r]);
-            acc[r] = _mm256_fmadd_ps(d_r, _mm256_cvtepi32_ps(sumi), acc[r]);
+        let wq = b.map(|b| if unsigned { vnni_unsigned(b) } else { b.quants() });
+        let d_w = _mm_cvtph_ps(f16_lanes(b.map(|b| b.d())));
+        for (acc, a) in acc.iter_mut().zip(a) {
+            let ab = a.get_unchecked(i);
+            let aq = load256(ab.qs.as_ptr().cast());
+            let d = _mm256_castps128_ps256(_mm_mul_ps(d_w, _mm_set1_ps(f16_to_f32(ab.d))));
+            let base = if unsigned { vnni_base::<I, B>(aq) } else { _mm256_setzero_si256() };
+            for r in 0..4 {
+                let sumi = if unsigned {
+                    dpbusd::<I>(base, wq[r], aq)
+                } else {
+                    signed_quads::<I>(wq[r], aq)
+                };
+                let d_r = _mm256_permutevar8x32_ps(d, lane[r]);
+                acc[r] = _mm256_fmadd_ps(d_r, _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
         }
     }
-    acc.map(|v| hsum(v))
+    acc.map(|acc| acc.map(|v| hsum(v)))
 }
 
 /// [`repacked`] of four weight rows against one activation row, each row's chain bit-identical
@@ -236,7 +255,8 @@ pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
             store(i, r)
         }),
         FourRows::Exact => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
-            store(i, exact_4rows_ahead::<I, B>(w, next, a))
+            let [r] = exact_4rows_n::<I, B, 1>(w, next, [a]);
+            store(i, r)
         }),
         FourRows::Repacked => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
             store(i, repacked_4rows_ahead::<I, B>(w, next, a))
@@ -245,7 +265,7 @@ pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
 }
 
 /// [`rows_ahead`] for a format whose four-row kernels are [`vec_dot_4rows`] in the free order
-/// and [`vec_dot_4rows_exact`] in every other (Q8_0, Q5_0).
+/// and [`vec_dot_4rows_exact_n`] in every other (Q8_0, Q5_0).
 #[inline(always)]
 pub unsafe fn free_or_exact_rows<I: Isa, B: SignedBlock32>(
     order: DotOrder,
@@ -261,11 +281,13 @@ pub unsafe fn free_or_exact_rows<I: Isa, B: SignedBlock32>(
     rows_ahead::<I, B>(kernel, rows, row_bytes, a, out)
 }
 
-/// [`rows_ahead`] in the free order for `N` activation rows (a batch of streams):
-/// `outs[t][i]` = row i · `a[t]`, each bit-identical to [`vec_dot_4rows_n`]'s (and so to the
-/// single-row [`vec_dot_4rows`]). Returns how many rows it wrote.
+/// [`free_or_exact_rows`] for `N` activation rows (a batch of streams): `outs[t][i]` = row i ·
+/// `a[t]`, each bit-identical to what [`vec_dot_4rows_n`] (free order) or
+/// [`vec_dot_4rows_exact_n`] (every other) gives it, and so to the single-row kernels'. Returns
+/// how many rows it wrote.
 #[inline(never)]
-pub unsafe fn free_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
+pub unsafe fn free_or_exact_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
+    order: DotOrder,
     rows: &[u8],
     row_bytes: usize,
     a: [&[BlockQ8_0]; N],
@@ -275,11 +297,20 @@ pub unsafe fn free_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     if outs.len() != N || outs.iter().any(|o| o.len() != n_rows) {
         return 0;
     }
-    groups_ahead::<I, _, 4>(rows, row_bytes, a[0].len(), n_rows, |i, w, next| {
-        for (o, r) in outs.iter_mut().zip(four_rows_free::<I, B, N>(w, next, a)) {
+    let mut store = |i: usize, quad: [[f32; 4]; N]| {
+        for (o, r) in outs.iter_mut().zip(quad) {
             o[i..i + 4].copy_from_slice(&r);
         }
-    })
+    };
+    let n = a[0].len();
+    match order {
+        DotOrder::Free => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
+            store(i, four_rows_free::<I, B, N>(w, next, a))
+        }),
+        _ => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
+            store(i, exact_4rows_n::<I, B, N>(w, next, a))
+        }),
+    }
 }
 
 /// The four-row kernels of [`rows_ahead`].
@@ -287,7 +318,7 @@ pub unsafe fn free_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
 pub enum FourRows {
     /// [`vec_dot_4rows`] (the free order).
     Free,
-    /// [`vec_dot_4rows_exact`] (vec_dot's order).
+    /// [`vec_dot_4rows_exact_n`] (vec_dot's order).
     Exact,
     /// [`repacked_4rows`].
     Repacked,
@@ -442,7 +473,7 @@ macro_rules! tiled_rows {
 pub(crate) use tiled_rows;
 
 /// The [`Kernels::rows_x1`] and [`Kernels::rows_xn`] of a 32-value format whose four-row
-/// kernels are [`vec_dot_4rows`] in the free order and [`vec_dot_4rows_exact`] in every other
+/// kernels are [`vec_dot_4rows`] in the free order and [`vec_dot_4rows_exact_n`] in every other
 /// (Q8_0, Q5_0): [`free_or_exact_rows`] and [`free_rows_n`], written once for the formats'
 /// `impl Kernels`.
 macro_rules! free_or_exact_gemv {
@@ -469,11 +500,14 @@ macro_rules! free_or_exact_gemv {
             rows: &[u8],
             row_bytes: usize,
             a: [&[$crate::quant::formats::q8_0::BlockQ8_0]; N],
+            order: $crate::quant::DotOrder,
             outs: &mut [&mut [f32]],
         ) -> usize {
             // SAFETY: as above.
             unsafe {
-                $crate::quant::simd::block32::free_rows_n::<I, $block, N>(rows, row_bytes, a, outs)
+                $crate::quant::simd::block32::free_or_exact_rows_n::<I, $block, N>(
+                    order, rows, row_bytes, a, outs,
+                )
             }
         }
     };
