@@ -4,6 +4,8 @@
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
+use smallvec::SmallVec;
+
 use super::{dpbusd, f16_lanes, fma_scaled, groups_ahead, request_next, signed_quads, fma_scaled_x4, hsum, hsum_i32, hsum_i32_x4, lanes, load256};
 use crate::quant::blocks::{f16_to_f32, Block};
 use crate::quant::format::{rows_x4_by_row, Kernels, WeightRow};
@@ -125,7 +127,16 @@ pub unsafe fn vec_dot_4rows_exact_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: [&[B]; 4],
     a: [&[BlockQ8_0]; N],
 ) -> [[f32; 4]; N] {
-    exact_4rows_n::<I, B, N>(w, None, a)
+    let d_a = a.map(f32_scales);
+    exact_4rows_n::<I, B, N>(w, None, a, std::array::from_fn(|t| &d_a[t][..]))
+}
+
+/// An activation row's block scales as f32, converted once per mat-vec: in the four-row kernels
+/// a scalar conversion, a multiply and a broadcast per block and quad of weight rows become
+/// one broadcast load. On the stack for rows of up to 16384 values.
+#[inline(always)]
+fn f32_scales(a: &[BlockQ8_0]) -> SmallVec<[f32; 512]> {
+    a.iter().map(|b| f16_to_f32(b.d)).collect()
 }
 
 /// [`vec_dot_4rows_exact_n`], requesting the `next` quad's block i while it reads its own.
@@ -140,10 +151,13 @@ unsafe fn exact_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: [&[B]; 4],
     next: Option<[&[B]; 4]>,
     a: [&[BlockQ8_0]; N],
+    d_a: [&[f32]; N],
 ) -> [[f32; 4]; N] {
     let n = w[0].len();
     assert!(
-        w.iter().all(|w| w.len() == n) && a.iter().all(|a| a.len() == n),
+        w.iter().all(|w| w.len() == n)
+            && a.iter().all(|a| a.len() == n)
+            && d_a.iter().all(|d| d.len() == n),
         "rows of unequal length"
     );
     assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
@@ -156,10 +170,10 @@ unsafe fn exact_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
         let b = w.map(|w| w.get_unchecked(i));
         let wq = b.map(|b| if unsigned { vnni_unsigned(b) } else { b.quants() });
         let d_w = _mm_cvtph_ps(f16_lanes(b.map(|b| b.d())));
-        for (acc, a) in acc.iter_mut().zip(a) {
-            let ab = a.get_unchecked(i);
+        for t in 0..N {
+            let (acc, ab) = (&mut acc[t], a[t].get_unchecked(i));
             let aq = load256(ab.qs.as_ptr().cast());
-            let d = _mm256_castps128_ps256(_mm_mul_ps(d_w, _mm_set1_ps(f16_to_f32(ab.d))));
+            let d = _mm256_castps128_ps256(_mm_mul_ps(d_w, _mm_broadcast_ss(d_a[t].get_unchecked(i))));
             let base = if unsigned { vnni_base::<I, B>(aq) } else { _mm256_setzero_si256() };
             for r in 0..4 {
                 let sumi = if unsigned {
@@ -231,7 +245,8 @@ pub unsafe fn vec_dot_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: [&[B]; 4],
     a: [&[BlockQ8_0]; N],
 ) -> [[f32; 4]; N] {
-    four_rows_free::<I, B, N>(w, None, a)
+    let d_a = a.map(f32_scales);
+    four_rows_free::<I, B, N>(w, None, a, std::array::from_fn(|t| &d_a[t][..]))
 }
 
 /// Decode's mat-vec through the four-row kernels: `out[i]` = row i · `a` for the rows in whole
@@ -249,13 +264,14 @@ pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
 ) -> usize {
     let (n, n_rows) = (a.len(), out.len());
     let mut store = |i: usize, r: [f32; 4]| out[i..i + 4].copy_from_slice(&r);
+    let d_a = f32_scales(a);
     match kernel {
         FourRows::Free => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
-            let [r] = four_rows_free::<I, B, 1>(w, next, [a]);
+            let [r] = four_rows_free::<I, B, 1>(w, next, [a], [&d_a]);
             store(i, r)
         }),
         FourRows::Exact => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
-            let [r] = exact_4rows_n::<I, B, 1>(w, next, [a]);
+            let [r] = exact_4rows_n::<I, B, 1>(w, next, [a], [&d_a]);
             store(i, r)
         }),
         FourRows::Repacked => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
@@ -303,12 +319,14 @@ pub unsafe fn free_or_exact_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
         }
     };
     let n = a[0].len();
+    let scales = a.map(f32_scales);
+    let d_a = std::array::from_fn(|t| &scales[t][..]);
     match order {
         DotOrder::Free => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
-            store(i, four_rows_free::<I, B, N>(w, next, a))
+            store(i, four_rows_free::<I, B, N>(w, next, a, d_a))
         }),
         _ => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
-            store(i, exact_4rows_n::<I, B, N>(w, next, a))
+            store(i, exact_4rows_n::<I, B, N>(w, next, a, d_a))
         }),
     }
 }
@@ -330,10 +348,13 @@ unsafe fn four_rows_free<I: Isa, B: SignedBlock32, const N: usize>(
     w: [&[B]; 4],
     next: Option<[&[B]; 4]>,
     a: [&[BlockQ8_0]; N],
+    d_a: [&[f32]; N],
 ) -> [[f32; 4]; N] {
     let n = w[0].len();
     assert!(
-        w.iter().all(|w| w.len() == n) && a.iter().all(|a| a.len() == n),
+        w.iter().all(|w| w.len() == n)
+            && a.iter().all(|a| a.len() == n)
+            && d_a.iter().all(|d| d.len() == n),
         "rows of unequal length"
     );
     assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
@@ -344,8 +365,9 @@ unsafe fn four_rows_free<I: Isa, B: SignedBlock32, const N: usize>(
         let b = w.map(|w| w.get_unchecked(i));
         let wq = b.map(|b| if I::VNNI { vnni_unsigned(b) } else { b.quants() });
         let d_w = _mm_cvtph_ps(f16_lanes(b.map(|b| b.d())));
-        for (acc, a) in acc.iter_mut().zip(a) {
-            let ab = a.get_unchecked(i);
+        let d_w = _mm256_set_m128(d_w, d_w);
+        for t in 0..N {
+            let (acc, ab) = (&mut acc[t], a[t].get_unchecked(i));
             let aq = load256(ab.qs.as_ptr().cast());
             let p = if I::VNNI {
                 let base = vnni_base::<I, B>(aq);
@@ -354,8 +376,8 @@ unsafe fn four_rows_free<I: Isa, B: SignedBlock32, const N: usize>(
                 wq.map(|q| signed_quads::<I>(q, aq))
             };
             let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            let d = _mm_mul_ps(d_w, _mm_set1_ps(f16_to_f32(ab.d)));
-            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(d, d), *acc);
+            let d = _mm256_mul_ps(d_w, _mm256_broadcast_ss(d_a[t].get_unchecked(i)));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), d, *acc);
         }
     }
     acc.map(|acc| {
