@@ -365,13 +365,16 @@ def streams_section(st):
     """The "Concurrent streams on `serve`" section, markers included."""
     run = st["run"]
     when = lambda stamp: stamp.replace("T", " ")[:16]
+    started, finished = when(run["started"]), when(run["finished"])
+    if finished[:10] == started[:10]:
+        finished = finished[11:]
     kernels = (f"`--kernels {run['kernels']}`" if run["kernels"]
                else "the best kernels the CPU has (no `--kernels`)")
     intro = (
         f"{run['cpu']} (family {run['family']} model {run['model']}), {run['model_file']}, on "
         f"`llm-server serve --threads {run['threads']} --parallel {run['parallel']}` with "
-        f"{kernels}. Measured {when(run['started'])} to {when(run['finished'])} UTC at commit "
-        f"{run['commit']} with `{run['command']}`: {run['reps']} reps, each running "
+        f"{kernels}. Measured {started} to {finished} UTC at commit {run['commit']} with "
+        f"`{run['command']}`: {run['reps']} rep{'s' if run['reps'] != 1 else ''}, each running "
         "`bench/serve_bench.py streams` (N concurrent greedy completions) once with one token per "
         "pass (`--no-speculative`) and once with prompt-lookup drafting (the default), "
         "alternating. Aggregate tokens per second (completion tokens / wall time), median of the "
@@ -490,6 +493,8 @@ def self_test_streams(tmp):
         ("AMD EPYC 7551 (family 23 model 1), gemma.gguf, on `llm-server serve --threads 2 "
          "--parallel 4` with `--kernels avx2`" in unwrapped, "the CPU, model and command"),
         ("`KERNELS=avx2 bench/streams.sh 3`: 3 reps" in unwrapped, "the script's command and reps"),
+        ("Measured 2026-12-06 10:00 to 10:05 UTC at commit abc1234" in unwrapped,
+         "the run's time and commit"),
         ("at least 1.6x one stream's at 2 streams and 2.2x at 4: the medians here, 1.70x and "
          "2.30x, meet it." in unwrapped, "medians over the goal are said to meet it"),
     ]
