@@ -120,8 +120,8 @@ unsafe fn scales_4rows<B: SignedBlock32>(b: [&B; 4], d_a: f32) -> __m128 {
 /// [`vec_dot`] of four weight rows against `N` activation rows (decode's mat-vec, a batch of
 /// streams), each result bit-identical to its own [`vec_dot`] (its own eight-lane chain, the
 /// same FMAs): each weight block is unpacked once for all activation rows, each activation
-/// block loaded and its scale converted once for the four rows, and the four `d_w·d_a` of an
-/// activation row come from one multiply.
+/// block loaded once for the four rows, and the four `d_w·d_a` of an activation row come from
+/// one multiply.
 #[inline(always)]
 pub unsafe fn vec_dot_4rows_exact_n<I: Isa, B: SignedBlock32, const N: usize>(
     w: [&[B]; 4],
@@ -139,6 +139,27 @@ fn f32_scales(a: &[BlockQ8_0]) -> SmallVec<[f32; 512]> {
     a.iter().map(|b| f16_to_f32(b.d)).collect()
 }
 
+/// The blocks per row of a four-row kernel's operands, after checking that every weight row,
+/// `next` row, activation row and scale row has that many: the kernels' unchecked indexing
+/// relies on it.
+#[inline(always)]
+fn quad_blocks<B, const N: usize>(
+    w: [&[B]; 4],
+    next: Option<[&[B]; 4]>,
+    a: [&[BlockQ8_0]; N],
+    d_a: [&[f32]; N],
+) -> usize {
+    let n = w[0].len();
+    assert!(
+        w.iter().all(|w| w.len() == n)
+            && a.iter().all(|a| a.len() == n)
+            && d_a.iter().all(|d| d.len() == n),
+        "rows of unequal length"
+    );
+    assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
+    n
+}
+
 /// [`vec_dot_4rows_exact_n`], requesting the `next` quad's block i while it reads its own.
 ///
 /// A format with an [`SignedBlock32::OFFSET`] multiplies its unsigned quants by the activations
@@ -153,14 +174,7 @@ unsafe fn exact_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     a: [&[BlockQ8_0]; N],
     d_a: [&[f32]; N],
 ) -> [[f32; 4]; N] {
-    let n = w[0].len();
-    assert!(
-        w.iter().all(|w| w.len() == n)
-            && a.iter().all(|a| a.len() == n)
-            && d_a.iter().all(|d| d.len() == n),
-        "rows of unequal length"
-    );
-    assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
+    let n = quad_blocks(w, next, a, d_a);
     let unsigned = I::VNNI || B::OFFSET.is_some();
     let lane = [0, 1, 2, 3].map(|r| _mm256_set1_epi32(r));
     let mut acc = [[_mm256_setzero_ps(); 4]; N];
@@ -350,14 +364,7 @@ unsafe fn four_rows_free<I: Isa, B: SignedBlock32, const N: usize>(
     a: [&[BlockQ8_0]; N],
     d_a: [&[f32]; N],
 ) -> [[f32; 4]; N] {
-    let n = w[0].len();
-    assert!(
-        w.iter().all(|w| w.len() == n)
-            && a.iter().all(|a| a.len() == n)
-            && d_a.iter().all(|d| d.len() == n),
-        "rows of unequal length"
-    );
-    assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
+    let n = quad_blocks(w, next, a, d_a);
     let mut acc = [_mm256_setzero_ps(); N];
     for i in 0..n {
         request_next(next, i);
