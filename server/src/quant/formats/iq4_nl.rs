@@ -48,7 +48,7 @@ avx2! {
     use crate::quant::format::{dot_4xn_by_rows, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::blocks::f16_to_f32;
-    use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
+    use crate::quant::simd::block32::{self, SignedBlock32};
     use crate::quant::simd::panel;
     use crate::quant::simd::iq4::{self, broadcast_f16, dot_i16, grid_i16, sum_lanes_x8, Acts};
     use crate::quant::simd::gemv_nibbles::{self, NibbleBlock};
@@ -191,7 +191,7 @@ avx2! {
                         // none), the rest four at a time.
                         let done = gemv_nibbles::rows::<I, BlockIq4Nl>(rows, row_bytes, a, out);
                         let (rows, out) = (&rows[done * row_bytes..], &mut out[done..]);
-                        done + block32::rows_ahead::<I, BlockIq4Nl>(FourRows::Repacked, rows, row_bytes, a, out)
+                        done + block32::repacked_rows::<I, BlockIq4Nl>(rows, row_bytes, a, out)
                     }
                     _ => 0,
                 }

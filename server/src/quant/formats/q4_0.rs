@@ -47,7 +47,7 @@ avx2! {
 
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
-    use crate::quant::simd::block32::{self, FourRows, SignedBlock32};
+    use crate::quant::simd::block32::{self, SignedBlock32};
     use crate::quant::simd::gemv_nibbles::{self, NibbleBlock};
     use crate::quant::simd::panel;
     use crate::quant::simd::nibbles_32;
@@ -115,7 +115,7 @@ avx2! {
 
         /// Repacked, [`gemv_nibbles::rows`], eight rows at a time; otherwise
         /// [`Kernels::dot_4xn`]' kernels quad by quad, each requesting the next as it goes
-        /// ([`block32::rows_ahead`]). (Not eight rows where the order is free: there several
+        /// ([`block32::repacked_rows`], [`block32::free_or_exact_rows`]). (Not eight rows where the order is free: there several
         /// activation rows take `dot_4xn`, whose order a single row must share.)
         #[inline]
         fn rows_x1(
@@ -137,7 +137,7 @@ avx2! {
                 let (rows, out) = (&rows[done * row_bytes..], &mut out[done..]);
                 done + match order {
                     DotOrder::Repacked => {
-                        block32::rows_ahead::<I, BlockQ4_0>(FourRows::Repacked, rows, row_bytes, a, out)
+                        block32::repacked_rows::<I, BlockQ4_0>(rows, row_bytes, a, out)
                     }
                     _ => block32::free_or_exact_rows::<I, BlockQ4_0>(order, rows, row_bytes, a, out),
                 }

@@ -151,7 +151,7 @@ avx2! {
 
         /// Repacked, [`gemv_4rows`] quad by quad, requesting the next quad as it goes
         /// ([`groups_ahead`]). Not inlined, as
-        /// [`rows_ahead`](crate::quant::simd::block32::rows_ahead) is not.
+        /// [`repacked_rows`](crate::quant::simd::block32::repacked_rows) is not.
         #[inline(never)]
         fn rows_x1(
             rows: &[u8],

@@ -263,39 +263,27 @@ pub unsafe fn vec_dot_4rows_n<I: Isa, B: SignedBlock32, const N: usize>(
     four_rows_free::<I, B, N>(w, None, a, std::array::from_fn(|t| &d_a[t][..]))
 }
 
-/// Decode's mat-vec through the four-row kernels: `out[i]` = row i · `a` for the rows in whole
-/// quads, each bit-identical to what `kernel`'s four-row kernel without the request gives it,
+/// Decode's mat-vec in the repacked order (Q4_0, IQ4_NL) through [`repacked_4rows`]: `out[i]` =
+/// row i · `a` for the rows in whole quads, each bit-identical to what [`repacked`] gives it,
 /// while every quad requests the next quad's lines as it goes ([`groups_ahead`]). Returns how
 /// many rows it wrote; the caller takes the rest.
 // Not inlined: see `groups_ahead`.
 #[inline(never)]
-pub unsafe fn rows_ahead<I: Isa, B: SignedBlock32>(
-    kernel: FourRows,
+pub unsafe fn repacked_rows<I: Isa, B: SignedBlock32>(
     rows: &[u8],
     row_bytes: usize,
     a: &[BlockQ8_0],
     out: &mut [f32],
 ) -> usize {
     let (n, n_rows) = (a.len(), out.len());
-    let mut store = |i: usize, r: [f32; 4]| out[i..i + 4].copy_from_slice(&r);
-    let d_a = f32_scales(a);
-    match kernel {
-        FourRows::Free => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
-            let [r] = four_rows_free::<I, B, 1>(w, next, [a], [&d_a]);
-            store(i, r)
-        }),
-        FourRows::Exact => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
-            let [r] = exact_4rows_n::<I, B, 1>(w, next, [a], [&d_a]);
-            store(i, r)
-        }),
-        FourRows::Repacked => groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
-            store(i, repacked_4rows_ahead::<I, B>(w, next, a))
-        }),
-    }
+    groups_ahead::<I, _, 4>(rows, row_bytes, n, n_rows, |i, w, next| {
+        out[i..i + 4].copy_from_slice(&repacked_4rows_ahead::<I, B>(w, next, a))
+    })
 }
 
-/// [`rows_ahead`] for a format whose four-row kernels are [`vec_dot_4rows`] in the free order
-/// and [`vec_dot_4rows_exact_n`] in every other (Q8_0, Q5_0).
+/// Decode's mat-vec for a format whose four-row kernels are [`vec_dot_4rows`] in the free order
+/// and [`vec_dot_4rows_exact_n`] in every other (Q8_0, Q5_0, Q4_0): [`free_or_exact_rows_n`]
+/// for one activation row.
 #[inline(always)]
 pub unsafe fn free_or_exact_rows<I: Isa, B: SignedBlock32>(
     order: DotOrder,
@@ -304,14 +292,10 @@ pub unsafe fn free_or_exact_rows<I: Isa, B: SignedBlock32>(
     a: &[BlockQ8_0],
     out: &mut [f32],
 ) -> usize {
-    let kernel = match order {
-        DotOrder::Free => FourRows::Free,
-        _ => FourRows::Exact,
-    };
-    rows_ahead::<I, B>(kernel, rows, row_bytes, a, out)
+    free_or_exact_rows_n::<I, B, 1>(order, rows, row_bytes, [a], &mut [out])
 }
 
-/// [`free_or_exact_rows`] for `N` activation rows (a batch of streams): `outs[t][i]` = row i ·
+/// Four weight rows at a time against `N` activation rows (one, or a batch of streams): `outs[t][i]` = row i ·
 /// `a[t]`, each bit-identical to what [`vec_dot_4rows_n`] (free order) or
 /// [`vec_dot_4rows_exact_n`] (every other) gives it, and so to the single-row kernels'. Returns
 /// how many rows it wrote.
@@ -343,17 +327,6 @@ pub unsafe fn free_or_exact_rows_n<I: Isa, B: SignedBlock32, const N: usize>(
             store(i, exact_4rows_n::<I, B, N>(w, next, a, d_a))
         }),
     }
-}
-
-/// The four-row kernels of [`rows_ahead`].
-#[derive(Clone, Copy)]
-pub enum FourRows {
-    /// [`vec_dot_4rows`] (the free order).
-    Free,
-    /// [`vec_dot_4rows_exact_n`] (vec_dot's order).
-    Exact,
-    /// [`repacked_4rows`].
-    Repacked,
 }
 
 /// [`vec_dot_4rows_n`], requesting the `next` quad's block i while it reads its own block i.
@@ -503,7 +476,7 @@ pub(crate) use tiled_rows;
 
 /// The [`Kernels::rows_x1`] and [`Kernels::rows_xn`] of a 32-value format whose four-row
 /// kernels are [`vec_dot_4rows`] in the free order and [`vec_dot_4rows_exact_n`] in every other
-/// (Q8_0, Q5_0): [`free_or_exact_rows`] and [`free_rows_n`], written once for the formats'
+/// (Q8_0, Q5_0): [`free_or_exact_rows`] and [`free_or_exact_rows_n`], written once for the formats'
 /// `impl Kernels`.
 macro_rules! free_or_exact_gemv {
     ($block:ty) => {
