@@ -14,6 +14,7 @@
 //! sub-blocks summed in i16, the offset and IQ1_M's shifts from activation sums made once per row.
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 
 use super::{hsum, hsum_i32, load256, unrolled};
 use crate::quant::blocks::{blocks, Block, KSIGNS};
@@ -240,33 +241,41 @@ unsafe fn unit_rows_batch<B: GridBlock + Block>(
     order: DotOrder,
     outs: &mut [&mut [f32]],
 ) {
-    let mut sums: Vec<UnitActs> = Vec::with_capacity(BATCH.min(acts.len()) * n);
-    let mut weights: Vec<(UnitWeights, __m256i)> = Vec::with_capacity(n);
-    for (acts, outs) in acts.chunks(BATCH).zip(outs.chunks_mut(BATCH)) {
-        sums.clear();
-        sums.extend(acts.iter().flat_map(|a| a.iter().map(|y| unit_acts(y))));
-        for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
-            let row = blocks::<B>(row);
-            weights.clear();
-            weights.extend(row.iter().map(|b| (unit_weights(b), b.head())));
-            let mut t = 0;
-            while t < acts.len() {
-                let group = match acts.len() - t {
-                    8.. => 8,
-                    4..8 => 4,
-                    _ => 1,
-                };
-                let (a, u) = (&acts[t..t + group], &sums[t * n..(t + group) * n]);
-                let o = &mut outs[t..t + group];
-                match group {
-                    8 => unit_group::<B, 8>(row, &weights, a, u, order, o, r),
-                    4 => unit_group::<B, 4>(row, &weights, a, u, order, o, r),
-                    _ => unit_group::<B, 1>(row, &weights, a, u, order, o, r),
+    UNIT_SCRATCH.with_borrow_mut(|(sums, weights)| {
+        for (acts, outs) in acts.chunks(BATCH).zip(outs.chunks_mut(BATCH)) {
+            sums.clear();
+            sums.extend(acts.iter().flat_map(|a| a.iter().map(|y| unit_acts(y))));
+            for (r, row) in rows.chunks_exact(row_bytes).enumerate() {
+                let row = blocks::<B>(row);
+                weights.clear();
+                weights.extend(row.iter().map(|b| (unit_weights(b), b.head())));
+                let mut t = 0;
+                while t < acts.len() {
+                    let group = match acts.len() - t {
+                        8.. => 8,
+                        4..8 => 4,
+                        _ => 1,
+                    };
+                    let (a, u) = (&acts[t..t + group], &sums[t * n..(t + group) * n]);
+                    let o = &mut outs[t..t + group];
+                    match group {
+                        8 => unit_group::<B, 8>(row, weights, a, u, order, o, r),
+                        4 => unit_group::<B, 4>(row, weights, a, u, order, o, r),
+                        _ => unit_group::<B, 1>(row, weights, a, u, order, o, r),
+                    }
+                    t += group;
                 }
-                t += group;
             }
         }
-    }
+    })
+}
+
+thread_local! {
+    /// [`unit_rows_batch`]'s copies (a pass's [`unit_acts`], a row's [`unit_weights`] and heads),
+    /// kept per thread so that a call allocates only when a wider matrix or a larger batch than
+    /// the thread has seen comes.
+    static UNIT_SCRATCH: RefCell<(Vec<UnitActs>, Vec<(UnitWeights, __m256i)>)> =
+        const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// `N` activation rows (their [`unit_acts`] `u`, `n` a row) against one weight row `row` (its
