@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes docs/performance.md's table for one CPU class from bench/compare.sh's raw results.
+"""Writes docs/performance.md's sections for one CPU class from bench/compare.sh's raw results.
 
 Run compare.sh once per model with OUT=DIR (it keeps each engine's JSON per pair, the
 bandwidth probe and run.json there), then give this script the directories, each with the
@@ -11,24 +11,32 @@ label its row gets:
         "/tmp/perf/q4_0=Llama 1B shapes, Q4_0"
 
 Every directory must come from the same CPU class (vendor, family and model range, e.g. AMD
-Zen 2) and the same kernels. The page holds one section per class between
+Zen 2) and the same kernels. The page holds one table section per class between
 `<!-- performance-table KEY -->` and `<!-- /performance-table KEY -->`; this class's section is
 replaced (or added before `<!-- performance-tables-end -->`) and every other one is kept as it
-is. `--self-test` checks the table writing on a built sample and exits.
+is. `--self-test` checks the writing on built samples and exits.
 
-`--quota DIR` writes the "Under a CPU quota" section instead, from bench/quota.sh's raw results
-(ours and llama.cpp inside a cgroup with a CPU quota, at forced threads and at our default):
+`--quota DIR` writes this class's section under "Under a CPU quota" instead, from
+bench/quota.sh's raw results (ours and llama.cpp inside a cgroup with a CPU quota, at forced
+threads and at our default):
 
     OUT=/tmp/perf/quota bench/quota.sh 3 -p 128 -n 32
     bench/performance_page.py --quota /tmp/perf/quota
 
-`--streams DIR` writes the "Concurrent streams on `serve`" section, from bench/streams.sh's raw
-results (aggregate tok/s of 1, 2 and 4 concurrent streams, one token per pass and drafting):
+`--streams DIR` writes this class's section under "Concurrent streams on `serve`", from
+bench/streams.sh's raw results (aggregate tok/s of 1, 2 and 4 concurrent streams, one token per
+pass and drafting):
 
     OUT=/tmp/perf/streams bench/streams.sh 3
     bench/performance_page.py --streams /tmp/perf/streams
+
+Both are kept per class as the tables are, keyed by run.json's CPU and kernels:
+`<!-- performance-quota KEY -->` ... `<!-- /performance-quota KEY -->`, new classes added before
+`<!-- performance-quota-end -->` (likewise `performance-streams`). On a page without the group
+yet, its heading and end marker are added before "## Reading the tables", quota above streams.
 """
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -38,22 +46,45 @@ import tempfile
 import textwrap
 
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "performance.md")
-END = "<!-- performance-tables-end -->"
-QUOTA_START, QUOTA_END = "<!-- performance-quota -->", "<!-- /performance-quota -->"
-# Where the quota and streams sections go on a page that has none yet.
-QUOTA_BEFORE = "## Reading the tables"
-STREAMS_START, STREAMS_END = "<!-- performance-streams -->", "<!-- /performance-streams -->"
+# Where the quota and streams groups go on a page that has neither yet.
+READING = "## Reading the tables"
 # Issue 45's goal for `serve` at 2 threads, one token per pass: the aggregate of N concurrent
 # streams at least this many times one stream's.
 STREAMS_GOAL = {2: 1.6, 4: 2.2}
 
 
-def start_marker(key):
-    return f"<!-- performance-table {key} -->"
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One kind of section the page holds per CPU class, between `<!-- KIND KEY -->` and
+    `<!-- /KIND KEY -->`; a new class's section goes before the group's `end` line. A group this
+    script may add to a page that lacks it has a `heading` and `intro`, written once above its
+    sections, and goes before the first of its `before` lines the page has."""
+    kind: str
+    end: str
+    heading: str = ""
+    intro: str = ""
+    before: tuple = ()
+
+    def start_marker(self, key):
+        return f"<!-- {self.kind} {key} -->"
+
+    def end_marker(self, key):
+        return f"<!-- /{self.kind} {key} -->"
 
 
-def end_marker(key):
-    return f"<!-- /performance-table {key} -->"
+# The tables' heading and prose are the page's own: without the end line there is nowhere to go.
+TABLES = Group("performance-table", "<!-- performance-tables-end -->")
+STREAMS = Group(
+    "performance-streams", "<!-- performance-streams-end -->", "## Concurrent streams on `serve`",
+    "One section per CPU class, written by `bench/performance_page.py --streams` from "
+    "`bench/streams.sh`'s raw results; running it again on a class replaces that class's section "
+    "and keeps the others.", (READING,))
+# Quota above streams, also when streams was written first.
+QUOTA = Group(
+    "performance-quota", "<!-- performance-quota-end -->", "## Under a CPU quota",
+    "One section per CPU class, written by `bench/performance_page.py --quota` from "
+    "`bench/quota.sh`'s raw results; running it again on a class replaces that class's section "
+    "and keeps the others.", (STREAMS.heading, READING))
 
 
 def cpu_class(vendor, family, model):
@@ -72,7 +103,23 @@ def cpu_class(vendor, family, model):
     return f"{vendor or 'unknown vendor'} family {family} model {model}"
 
 
-KERNELS = {"avx2": "x86-64-v3 (AVX2) kernels", "vnni": "AVX512-VNNI kernels"}
+# By `--kernels`' value; "" is a run without it (streams.sh and quota.sh with KERNELS=).
+KERNELS = {"avx2": "x86-64-v3 (AVX2) kernels", "vnni": "AVX512-VNNI kernels",
+           "": "the best kernels the CPU has"}
+
+
+def cpu_key(run, kernels):
+    """A run's section key and ### heading, from run.json's CPU and the kernels: the one source of
+    which sections are the same class, in every group."""
+    cls = cpu_class(run["vendor"], run["family"], run["model"])
+    key = re.sub(r"[^a-z0-9]+", "-", f"{cls} {kernels}".lower()).strip("-")
+    return key, f"{cls}, {KERNELS.get(kernels, kernels + ' kernels')}"
+
+
+def marked(group, key, title, body):
+    """A class's section of `group`: its markers around a ### heading and `body`'s lines."""
+    lines = [group.start_marker(key), f"### {title}", "", *body, group.end_marker(key)]
+    return "\n".join(lines) + "\n"
 
 
 def reader(directory, script):
@@ -135,18 +182,17 @@ def probe_range(results, threads):
 
 
 def section(results, labels):
-    """This CPU class's section of the page, markers included."""
+    """This CPU class's key and table section, markers included."""
     first = results[0]
     ours0 = first["pairs"][0][0]
     run = first["run"]
     kernels = ours0["kernels"]
-    cls = cpu_class(run["vendor"], run["family"], run["model"])
+    key, title = cpu_key(run, kernels)
     for r in results[1:]:
-        other = cpu_class(r["run"]["vendor"], r["run"]["family"], r["run"]["model"])
-        if (other, r["pairs"][0][0]["kernels"]) != (cls, kernels):
-            sys.exit(f"the runs are from different CPU classes or kernels: {cls} {kernels}, "
-                     f"{other} {r['pairs'][0][0]['kernels']}; give one class at a time")
-    key = re.sub(r"[^a-z0-9]+", "-", f"{cls} {kernels}".lower()).strip("-")
+        other, other_title = cpu_key(r["run"], r["pairs"][0][0]["kernels"])
+        if other != key:
+            sys.exit(f"the runs are from different CPU classes or kernels: {title}; "
+                     f"{other_title}; give one class at a time")
     summaries = [summarise(r) for r in results]
     columns = list(summaries[0])
     for s in summaries[1:]:
@@ -159,7 +205,6 @@ def section(results, labels):
     finished = when(max(r["run"]["finished"] for r in results))
     cpus = sorted({r["run"]["cpu"] for r in results})
     pairs = sorted({r["run"]["pairs"] for r in results})
-    title = f"{cls}, {KERNELS.get(kernels, kernels + ' kernels')}"
     intro = (
         f"{', '.join(cpus)} (family {run['family']} model {run['model']}); ours with "
         f"`--kernels {kernels}`, llama.cpp built for x86-64-v3. Measured {started} to {finished} "
@@ -167,9 +212,6 @@ def section(results, labels):
         f"/ llama.cpp in tokens per second, median (range) of {'/'.join(map(str, pairs))} "
         "alternating pairs; above 1 ours is faster.")
     lines = [
-        start_marker(key),
-        f"### {title}",
-        "",
         fill(intro),
         "",
         "| model | " + " | ".join(f"{t} {n}T" for t, n in columns) + " |",
@@ -199,8 +241,7 @@ def section(results, labels):
              for label, r in zip(labels, results)]
     lines.append(fill("Peak anonymous memory in MiB, ours / llama.cpp with its Python host: "
                       + "; ".join(peaks) + "."))
-    lines.append(end_marker(key))
-    return key, "\n".join(lines) + "\n"
+    return key, marked(TABLES, key, title, lines)
 
 
 def replace_section(page, start, end, text, before, what):
@@ -220,9 +261,60 @@ def replace_section(page, start, end, text, before, what):
     return page[:a] + text + "\n" + page[a:]
 
 
-def update(page, key, text):
-    """`page` with `key`'s section replaced by `text`, or `text` added before the end marker."""
-    return replace_section(page, start_marker(key), end_marker(key), text, END, f"section {key}")
+def check_markers(page, group, key):
+    """Refuses a page whose `group` update() could not place right: markers without a class key
+    (the page before sections were per class), sections without the end line, or `key`'s section
+    after it."""
+    for old in (f"<!-- {group.kind} -->", f"<!-- /{group.kind} -->"):
+        if old in page:
+            sys.exit(f"the page has {old}, a marker without a CPU class key: give the section "
+                     f"the class's key (<!-- {group.kind} KEY --> ... <!-- /{group.kind} KEY -->, "
+                     "KEY as this script makes it) and a ### heading by hand")
+    if page.count(group.end) > 1:
+        sys.exit(f"the page has {group.end} more than once: keep the one after the last section")
+    if group.end not in page and f"<!-- {group.kind} " in page:
+        sys.exit(f"the page has {group.kind} sections but no {group.end} line: add it after "
+                 "the last one by hand")
+    start = group.start_marker(key)
+    if start in page and group.end in page and page.index(start) > page.index(group.end):
+        sys.exit(f"the page's {start} is after {group.end}: move its section above that line "
+                 "by hand")
+
+
+def add_group(page, group):
+    """`page` with `group`'s heading, intro and end line added before the first of its `before`
+    lines, unless it has the group already."""
+    if group.end in page:
+        return page
+    if not group.heading:
+        sys.exit(f"the page has no {group.end!r} line to put the {group.kind} sections before")
+    if group.heading in page:
+        sys.exit(f"the page has {group.heading!r} but no {group.end!r} line: add that line after "
+                 "the group's last section by hand")
+    anchor = next((line for line in group.before if line in page), None)
+    if anchor is None:
+        sys.exit(f"the page has no {' or '.join(map(repr, group.before))} line to put "
+                 f"{group.heading!r} before")
+    a = page.index(anchor)
+    return page[:a] + f"{group.heading}\n\n{fill(group.intro)}\n\n{group.end}\n\n" + page[a:]
+
+
+def update(page, group, key, text):
+    """`page` with `key`'s section of `group` replaced by `text`, or added before the group's end
+    line (the group itself added first where the page has none)."""
+    check_markers(page, group, key)
+    page = add_group(page, group)
+    return replace_section(page, group.start_marker(key), group.end_marker(key), text, group.end,
+                           f"{group.kind} section {key}")
+
+
+def write_section(page_path, group, key, text):
+    with open(page_path) as f:
+        page = f.read()
+    # The new page before opening for writing: a refusal must leave the page as it was.
+    page = update(page, group, key, text)
+    with open(page_path, "w") as f:
+        f.write(page)
 
 
 def write(labelled, page_path):
@@ -232,10 +324,7 @@ def write(labelled, page_path):
         results.append(load(directory))
         labels.append(label or results[-1]["pairs"][0][0]["model"])
     key, text = section(results, labels)
-    with open(page_path) as f:
-        page = f.read()
-    with open(page_path, "w") as f:
-        f.write(update(page, key, text))
+    write_section(page_path, TABLES, key, text)
     print(f"{page_path}: section {key} written ({len(labels)} models)")
 
 
@@ -249,7 +338,7 @@ def load_quota(directory):
 
 
 def quota_section(q):
-    """The "Under a CPU quota" section, markers included."""
+    """This CPU class's key and section under "Under a CPU quota", markers included."""
     run = q["run"]
     ours0 = q["runs"]["forced"][0][0]
     default = q["runs"]["default"][0][0]["default_threads"]
@@ -266,7 +355,7 @@ def quota_section(q):
         "included; below 1 ours spends less of the quota).")
     rows = [("forced", f"{run['forced_threads']} (forced)"),
             ("default", f"{default['threads']} (ours' default: {default['reason']})")]
-    lines = [QUOTA_START, "## Under a CPU quota", "", fill(intro), "",
+    lines = [fill(intro), "",
              "| threads | test | ours tok/s | llama.cpp tok/s | ratio | ours CPU ms/token "
              "| llama.cpp CPU ms/token | CPU ratio |",
              "|---|---|---|---|---|---|---|---|"]
@@ -289,23 +378,15 @@ def quota_section(q):
         "At the default llama.cpp is given the same count: llama-cpp-python's own default "
         "(half the CPUs) does not look at the quota. `run`, `serve` and `bench` default to the "
         "quota's whole CPUs, rounded down (`llm_server::threads::default_threads`). A burstable "
-        "VM shows no quota inside the guest; its budget is the CPU time per token above."),
-        QUOTA_END]
-    return "\n".join(lines) + "\n"
-
-
-def update_quota(page, text):
-    """`page` with the quota section replaced by `text`, or added before QUOTA_BEFORE."""
-    return replace_section(page, QUOTA_START, QUOTA_END, text, QUOTA_BEFORE, "quota section")
+        "VM shows no quota inside the guest; its budget is the CPU time per token above.")]
+    key, title = cpu_key(run, run["kernels"])
+    return key, marked(QUOTA, key, title, lines)
 
 
 def write_quota(directory, page_path):
-    text = quota_section(load_quota(directory))
-    with open(page_path) as f:
-        page = f.read()
-    with open(page_path, "w") as f:
-        f.write(update_quota(page, text))
-    print(f"{page_path}: quota section written")
+    key, text = quota_section(load_quota(directory))
+    write_section(page_path, QUOTA, key, text)
+    print(f"{page_path}: quota section {key} written")
 
 
 # serve_bench.py streams' two runs per rep: the file name's prefix and the table's heading.
@@ -362,7 +443,8 @@ def goal_sentence(medians):
 
 
 def streams_section(st):
-    """The "Concurrent streams on `serve`" section, markers included."""
+    """This CPU class's key and section under "Concurrent streams on `serve`", markers
+    included; its goal sentence judges this class's medians."""
     run = st["run"]
     when = lambda stamp: stamp.replace("T", " ")[:16]
     started, finished = when(run["started"]), when(run["finished"])
@@ -380,7 +462,7 @@ def streams_section(st):
         "alternating. Aggregate tokens per second (completion tokens / wall time), median of the "
         "reps, and its ratio to the same rep's one stream, median (range).")
     counts = sorted(set.intersection(*(set(by) for reps in st["reps"].values() for by in reps)))
-    lines = [STREAMS_START, "## Concurrent streams on `serve`", "", fill(intro), "",
+    lines = [fill(intro), "",
              "| streams | " + " | ".join(f"{label} tok/s | {label}, ratio to 1 stream"
                                          for _, label in STREAM_MODES) + " |",
              "|---|" + "---|---|" * len(STREAM_MODES)]
@@ -395,49 +477,79 @@ def streams_section(st):
             cells.append(f"{statistics.median(by[n] for by in reps):.1f}")
             cells.append("1" if n == 1 else median_range(ratios))
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    lines += ["", fill(goal_sentence(ratio_medians)), STREAMS_END]
-    return "\n".join(lines) + "\n"
+    lines += ["", fill(goal_sentence(ratio_medians))]
+    key, title = cpu_key(run, run["kernels"])
+    return key, marked(STREAMS, key, title, lines)
 
 
 def write_streams(directory, page_path):
-    text = streams_section(load_streams(directory))
-    with open(page_path) as f:
-        page = f.read()
-    with open(page_path, "w") as f:
-        f.write(replace_section(page, STREAMS_START, STREAMS_END, text, QUOTA_BEFORE,
-                                "streams section"))
-    print(f"{page_path}: streams section written")
+    key, text = streams_section(load_streams(directory))
+    write_section(page_path, STREAMS, key, text)
+    print(f"{page_path}: streams section {key} written")
 
 
-def self_test_quota(tmp):
-    """A quota run of 3 pairs: the table's medians and ratios, and a second write's no-op."""
-    d = os.path.join(tmp, "quota")
+# The self-tests' two CPU classes, as run.json names them.
+ZEN_1 = {"vendor": "AuthenticAMD", "family": 23, "model": 1, "cpu": "AMD EPYC 7551"}
+XEON = {"vendor": "GenuineIntel", "family": 6, "model": 207, "cpu": "Intel(R) Xeon(R) Processor"}
+
+
+def section_of(page, group, key):
+    """`key`'s section of `group` on `page`, markers included ("" where it has none)."""
+    start, end = group.start_marker(key), group.end_marker(key)
+    if start not in page or end not in page:
+        return ""
+    return page[page.index(start):page.index(end) + len(end)]
+
+
+def in_order(page, *parts):
+    """Whether every part is on `page`, each after the one before ("", a missing section, never
+    is: it would be found anywhere)."""
+    at = [page.find(part) if part else -1 for part in parts]
+    return -1 not in at and at == sorted(at)
+
+
+def quota_run(tmp, name, cpu, scale):
+    """A quota.sh run of 3 pairs on `cpu` in tmp/name. Pair i: ours' pp128 at 10·i·scale tok/s at
+    forced threads and twice that at the default, 20/i CPU ms per token; the peer's 10 and 40."""
+    d = os.path.join(tmp, name)
     os.mkdir(d)
     with open(os.path.join(d, "run.json"), "w") as f:
         json.dump({"command": "bench/quota.sh 3 -p 128 -n 32", "pairs": 3, "kernels": "avx2",
                    "started": "2026-12-06T10:00:00Z", "finished": "2026-12-06T10:10:00Z",
                    "commit": "abc1234", "quota": 25000, "period": 100000,
-                   "cgroup_file": "cpu.max", "forced_threads": 2, "vendor": "AuthenticAMD",
-                   "family": 23, "model": 1, "cpu": "AMD EPYC 7551"}, f)
+                   "cgroup_file": "cpu.max", "forced_threads": 2, **cpu}, f)
     default = {"threads": 1, "reason": "cgroup cpu.max 25000 100000"}
     for i in (1, 2, 3):
-        for mode, scale in (("forced", 1.0), ("default", 2.0)):
+        for mode, factor in (("forced", 1.0), ("default", 2.0)):
             ours = {"model": "m", "default_threads": default, "results": [
-                {"test": "pp128", "threads": 1, "median": 10.0 * i * scale, "cpu_ms_per_token": 20.0 / i},
+                {"test": "pp128", "threads": 1, "median": 10.0 * i * factor * scale,
+                 "cpu_ms_per_token": 20.0 / i},
                 {"test": "tg32x2", "threads": 1, "median": 1.0, "cpu_ms_per_token": 1.0}]}
             peer = {"results": [{"test": "pp128", "threads": 1, "median": 10.0, "cpu_ms_per_token": 40.0}]}
             json.dump(ours, open(os.path.join(d, f"ours.{mode}.{i}.json"), "w"))
             json.dump(peer, open(os.path.join(d, f"peer.{mode}.{i}.json"), "w"))
+    return d
+
+
+def self_test_quota(tmp):
+    """Quota runs on two classes: the table's medians and ratios, the group added to a page
+    without one, a second class's section beside the first, a rewrite that touches only its own
+    class, and second writes' no-op."""
+    zen, zen_again, xeon = (quota_run(tmp, name, cpu, scale) for name, cpu, scale in (
+        ("quota-zen", ZEN_1, 1.0), ("quota-zen-again", ZEN_1, 2.0), ("quota-xeon", XEON, 3.0)))
+    zen_key, xeon_key = "amd-zen-1-avx2", "intel-family-6-model-207-avx2"
     page_path = os.path.join(tmp, "quota.md")
-    before = "# Performance\n\n" + END + "\n\n" + QUOTA_BEFORE + "\n\ntext\n"
     with open(page_path, "w") as f:
-        f.write(before)
-    write_quota(d, page_path)
+        f.write("# Performance\n\n" + TABLES.end + "\n\n" + READING + "\n\ntext\n")
+    write_quota(zen, page_path)
     page = open(page_path).read()
     unwrapped = page.replace("\n", " ")
     checks = [
-        (page.index(END) < page.index(QUOTA_START) < page.index(QUOTA_BEFORE),
-         "the quota section comes after the tables, before the reading notes"),
+        (in_order(page, TABLES.end, QUOTA.heading, QUOTA.start_marker(zen_key), QUOTA.end, READING),
+         "the quota group (heading, section, end line) comes after the tables, before the "
+         "reading notes"),
+        (QUOTA.start_marker(zen_key) + "\n### AMD Zen 1, x86-64-v3 (AVX2) kernels\n" in page,
+         "the quota section starts with a heading naming class and kernels"),
         ("| 2 (forced) | pp128 | 20.0 | 10.0 | 2.00 (1.00–3.00) | 10.00 | 40.00 | 0.25 (0.17–0.50) |"
          in page, "forced row: medians and ratios of tok/s and CPU time"),
         ("| 1 (ours' default: cgroup cpu.max 25000 100000) | pp128 | 40.0 | 10.0 | 4.00 (2.00–6.00) |"
@@ -446,43 +558,84 @@ def self_test_quota(tmp):
         ("AMD EPYC 7551 (family 23 model 1), m, inside a cgroup granting 25% of one CPU" in unwrapped,
          "the CPU model and the quota are named"),
     ]
-    write_quota(d, page_path)
+    write_quota(zen, page_path)
     checks.append((open(page_path).read() == page, "writing the quota run again changes nothing"))
+    zen_section = section_of(page, QUOTA, zen_key)
+    write_quota(xeon, page_path)
+    page = open(page_path).read()
+    xeon_section = section_of(page, QUOTA, xeon_key)
+    checks += [
+        (in_order(page, zen_section, xeon_section, QUOTA.end, READING),
+         "a second class's quota section goes after the first, which is kept as it was"),
+        (page.count(QUOTA.heading) == 1 and page.count(QUOTA.end) == 1,
+         "the quota heading and end line stay single"),
+        ("### Intel family 6 model 207, x86-64-v3 (AVX2) kernels" in xeon_section
+         and "| 2 (forced) | pp128 | 60.0 | 10.0 | 6.00 (3.00–9.00) |" in xeon_section,
+         "the second class's section has its own heading and figures"),
+    ]
+    write_quota(xeon, page_path)
+    checks.append((open(page_path).read() == page,
+                   "writing the second class again changes nothing"))
+    write_quota(zen_again, page_path)
+    page = open(page_path).read()
+    checks += [
+        (page.count(QUOTA.start_marker(zen_key)) == 1
+         and in_order(page, QUOTA.start_marker(zen_key), xeon_section, QUOTA.end),
+         "rewriting the first class replaces its quota section in place, the second kept"),
+        ("| 2 (forced) | pp128 | 40.0 | 10.0 | 4.00 (2.00–6.00) |"
+         in section_of(page, QUOTA, zen_key),
+         "the rewritten quota section has the new figures"),
+    ]
     return checks
 
 
-def self_test_streams(tmp):
-    """A streams run of 3 reps: the table's medians and ratios, the goal sentence both ways, the
-    section's place, a second write's no-op, and the errors for a missing or short result."""
-    d = os.path.join(tmp, "streams")
+def streams_run(tmp, name, cpu, plain, spec):
+    """A streams.sh run of 3 reps on `cpu` in tmp/name; `plain` and `spec` hold per rep the
+    aggregate tok/s of 1, 2 and 4 streams."""
+    d = os.path.join(tmp, name)
     os.mkdir(d)
     run = {"command": "KERNELS=avx2 bench/streams.sh 3", "reps": 3, "kernels": "avx2",
            "threads": 2, "parallel": 4, "model_file": "gemma.gguf",
            "started": "2026-12-06T10:00:00Z", "finished": "2026-12-06T10:05:00Z",
-           "commit": "abc1234", "vendor": "AuthenticAMD", "family": 23, "model": 1,
-           "cpu": "AMD EPYC 7551"}
+           "commit": "abc1234", **cpu}
     json.dump(run, open(os.path.join(d, "run.json"), "w"))
-
-    def reps(mode, rows):
-        # rows: per rep the aggregate tok/s of 1, 2 and 4 streams.
+    for mode, rows in (("plain", plain), ("spec", spec)):
         for k, row in enumerate(rows, 1):
             doc = {"streams": [{"streams": n, "tokens": 128 * n, "seconds": 128 * n / v,
                                 "aggregate_tok_s": v} for n, v in zip((1, 2, 4), row)]}
             json.dump(doc, open(os.path.join(d, f"{mode}-{k}.json"), "w"))
+    return d
 
+
+def self_test_streams(tmp):
+    """Streams runs on two classes: the table's medians and ratios, each section's goal sentence
+    judging its own medians, the group's place after the quota group, a second class beside the
+    first, a rewrite that touches only its own class, second writes' no-op, and the errors for a
+    missing or short result."""
+    spec = [(40.0, 48.0, 60.0), (50.0, 55.0, 70.0), (45.0, 63.0, 81.0)]
     # Plain ratios 1.7/1.6/1.8 (2 streams) and 2.1/2.3/2.5 (4): both medians meet the goal.
-    reps("plain", [(10.0, 17.0, 21.0), (10.0, 16.0, 23.0), (12.0, 21.6, 30.0)])
-    reps("spec", [(40.0, 48.0, 60.0), (50.0, 55.0, 70.0), (45.0, 63.0, 81.0)])
+    zen = streams_run(tmp, "streams-zen", ZEN_1,
+                      [(10.0, 17.0, 21.0), (10.0, 16.0, 23.0), (12.0, 21.6, 30.0)], spec)
+    # 4 streams' ratios 1.9/2.0/2.17: the median misses the goal.
+    zen_again = streams_run(tmp, "streams-zen-again", ZEN_1,
+                            [(10.0, 17.0, 19.0), (10.0, 16.0, 20.0), (12.0, 21.6, 26.0)], spec)
+    # Ratios 1.5 and 2.0: neither meets it.
+    xeon = streams_run(tmp, "streams-xeon", XEON, [(10.0, 15.0, 20.0)] * 3, spec)
+    zen_key, xeon_key = "amd-zen-1-avx2", "intel-family-6-model-207-avx2"
     page_path = os.path.join(tmp, "streams.md")
-    quota = QUOTA_START + "\n## Under a CPU quota\n" + QUOTA_END + "\n"
+    page = "# Performance\n\n" + TABLES.end + "\n\n" + READING + "\n\ntext\n"
     with open(page_path, "w") as f:
-        f.write("# Performance\n\n" + END + "\n\n" + quota + "\n" + QUOTA_BEFORE + "\n\ntext\n")
-    write_streams(d, page_path)
+        f.write(update(page, QUOTA, zen_key, marked(QUOTA, zen_key, "AMD Zen 1", ["figures"])))
+    write_streams(zen, page_path)
     page = open(page_path).read()
     unwrapped = page.replace("\n", " ")
     checks = [
-        (page.index(QUOTA_END) < page.index(STREAMS_START) < page.index(QUOTA_BEFORE),
-         "the streams section comes after the quota section, before the reading notes"),
+        (in_order(page, QUOTA.end, STREAMS.heading, STREAMS.start_marker(zen_key), STREAMS.end,
+                  READING),
+         "the streams group (heading, section, end line) comes after the quota group, before the "
+         "reading notes"),
+        (STREAMS.start_marker(zen_key) + "\n### AMD Zen 1, x86-64-v3 (AVX2) kernels\n" in page,
+         "the streams section starts with a heading naming class and kernels"),
         ("| streams | one token per pass tok/s | one token per pass, ratio to 1 stream | "
          "drafting tok/s | drafting, ratio to 1 stream |" in page, "the table's columns"),
         ("| 1 | 10.0 | 1 | 45.0 | 1 |" in page, "one stream: the median aggregates"),
@@ -498,18 +651,36 @@ def self_test_streams(tmp):
         ("at least 1.6x one stream's at 2 streams and 2.2x at 4: the medians here, 1.70x and "
          "2.30x, meet it." in unwrapped, "medians over the goal are said to meet it"),
     ]
-    write_streams(d, page_path)
+    write_streams(zen, page_path)
     checks.append((open(page_path).read() == page, "writing the streams run again changes nothing"))
-    # 4 streams' ratios 1.9/2.0/2.17: the median misses the goal, and the section is replaced.
-    reps("plain", [(10.0, 17.0, 19.0), (10.0, 16.0, 20.0), (12.0, 21.6, 26.0)])
-    write_streams(d, page_path)
+    zen_section = section_of(page, STREAMS, zen_key)
+    write_streams(xeon, page_path)
     page = open(page_path).read()
-    unwrapped = page.replace("\n", " ")
+    xeon_section = section_of(page, STREAMS, xeon_key)
     checks += [
-        (page.count(STREAMS_START) == 1 and "| 4 | 20.0 | 2.00 (1.90–2.17) |" in page,
-         "a second run replaces the section"),
-        ("the medians here, 1.70x and 2.00x, meet it for 2 streams, not for 4." in unwrapped,
-         "a median under the goal is said to miss it"),
+        (in_order(page, zen_section, xeon_section, STREAMS.end, READING),
+         "a second class's streams section goes after the first, which is kept as it was"),
+        (page.count(STREAMS.heading) == 1 and page.count(STREAMS.end) == 1,
+         "the streams heading and end line stay single"),
+        ("### Intel family 6 model 207, x86-64-v3 (AVX2) kernels" in xeon_section
+         and "| 4 | 20.0 | 2.00 (2.00–2.00) |" in xeon_section,
+         "the second class's section has its own heading and figures"),
+        ("the medians here, 1.50x and 2.00x, do not meet it." in xeon_section.replace("\n", " "),
+         "each section's goal sentence judges its own class's medians"),
+    ]
+    write_streams(xeon, page_path)
+    checks.append((open(page_path).read() == page,
+                   "writing the second class again changes nothing"))
+    write_streams(zen_again, page_path)
+    page = open(page_path).read()
+    zen_section = section_of(page, STREAMS, zen_key)
+    checks += [
+        (page.count(STREAMS.start_marker(zen_key)) == 1
+         and "| 4 | 20.0 | 2.00 (1.90–2.17) |" in zen_section
+         and in_order(page, zen_section, xeon_section, STREAMS.end),
+         "rewriting the first class replaces its streams section in place, the second kept"),
+        ("the medians here, 1.70x and 2.00x, meet it for 2 streams, not for 4."
+         in zen_section.replace("\n", " "), "a median under the goal is said to miss it"),
     ]
     for medians, verdict in (({2: 1.5, 4: 2.0}, "do not meet it."),
                              ({2: 1.55, 4: 2.3}, "meet it for 4 streams, not for 2."),
@@ -519,18 +690,71 @@ def self_test_streams(tmp):
 
     def refused(what):
         try:
-            load_streams(d)
+            load_streams(zen)
         except SystemExit as e:
             return what in str(e.code)
         return False
 
     json.dump({"streams": [{"streams": 1, "aggregate_tok_s": 1.0}]},
-              open(os.path.join(d, "spec-2.json"), "w"))
+              open(os.path.join(zen, "spec-2.json"), "w"))
     checks.append((refused("spec-2.json has no run of 2, 4 streams"), "a short result is refused"))
-    os.remove(os.path.join(d, "spec-2.json"))
+    os.remove(os.path.join(zen, "spec-2.json"))
     checks.append((refused("spec-2.json is missing: run bench/streams.sh"),
                    "a missing result is refused, naming the script"))
     return checks
+
+
+def self_test_groups():
+    """The quota and streams groups' order on a page that has neither, and the refusal, naming
+    the fix, of markers update() cannot place right."""
+    base = "# Performance\n\n" + TABLES.end + "\n\n" + READING + "\n"
+    text = lambda group: marked(group, "k", "K", ["figures"])
+    page = update(update(base, STREAMS, "k", text(STREAMS)), QUOTA, "k", text(QUOTA))
+    checks = [(in_order(page, TABLES.end, QUOTA.heading, QUOTA.end, STREAMS.heading, STREAMS.end,
+                        READING),
+               "the quota group goes above the streams group, also when written after it")]
+
+    def refused(page, group, what):
+        try:
+            update(page, group, "k", text(group))
+        except SystemExit as e:
+            return what in str(e.code)
+        return False
+
+    unkeyed = "<!-- performance-quota -->\n## Under a CPU quota\n<!-- /performance-quota -->\n\n"
+    start = QUOTA.start_marker("k")
+    for bad, group, what, why in (
+            (base.replace(READING, unkeyed + READING), QUOTA, "without a CPU class key: give the",
+             "the single section's markers, without a key"),
+            (base.replace(READING, QUOTA.heading + "\n\ntext\n\n" + READING), QUOTA,
+             f"but no {QUOTA.end!r} line: add", "a group's heading without its end line"),
+            (page.replace(STREAMS.end + "\n", ""), STREAMS, "sections but no",
+             "a group's sections without its end line"),
+            (page.replace(QUOTA.end, QUOTA.end + "\n" + QUOTA.end), QUOTA, "more than once: keep",
+             "a doubled end line"),
+            (page.replace(start, start + "\n" + start), QUOTA, "not one well-formed pair",
+             "a doubled section marker"),
+            (page.replace(QUOTA.end + "\n", "").replace(QUOTA.heading + "\n", QUOTA.heading + "\n"
+                                                        + QUOTA.end + "\n"),
+             QUOTA, "move its section above", "a section after its group's end line"),
+            (base.replace(TABLES.end, ""), TABLES, f"no {TABLES.end!r} line",
+             "a page without the tables' end line")):
+        checks.append((refused(bad, group, what), f"refused: {why}"))
+    return checks
+
+
+def self_test_refused_write(tmp):
+    """A write the page's markers refuse leaves the page as it was."""
+    page_path = os.path.join(tmp, "unkeyed.md")
+    page = ("# Performance\n\n" + TABLES.end + "\n\n<!-- performance-quota -->\n"
+            + QUOTA.heading + "\n<!-- /performance-quota -->\n\n" + READING + "\n")
+    with open(page_path, "w") as f:
+        f.write(page)
+    try:
+        write_section(page_path, QUOTA, "k", marked(QUOTA, "k", "K", ["figures"]))
+    except SystemExit:
+        pass
+    return [(open(page_path).read() == page, "a refused write leaves the page as it was")]
 
 
 def self_test():
@@ -571,7 +795,7 @@ def self_test():
         other = ("<!-- performance-table amd-zen-4-vnni -->\n### AMD Zen 4\n| kept | as is |\n"
                  "<!-- /performance-table amd-zen-4-vnni -->\n")
         page_path = os.path.join(tmp, "performance.md")
-        before = "# Performance\n\nintro\n\n" + other + "\n" + END + "\n\n## How to reproduce\n"
+        before = "# Performance\n\nintro\n\n" + other + "\n" + TABLES.end + "\n\n## How to reproduce\n"
         with open(page_path, "w") as f:
             f.write(before)
         write([f"{dirs[0]}=first model", dirs[1]], page_path)
@@ -579,7 +803,7 @@ def self_test():
         unwrapped = page.replace("\n", " ")
         checks = [
             (other in page, "the other class's section is kept"),
-            (page.index(other) < page.index("amd-zen-2-avx2") < page.index(END),
+            (page.index(other) < page.index("amd-zen-2-avx2") < page.index(TABLES.end),
              "the new section comes after the existing one, before the end marker"),
             ("### AMD Zen 2, x86-64-v3 (AVX2) kernels" in page, "the heading names class and kernels"),
             ("| model | pp128 1T | tg32 1T | tg32 2T |" in page,
@@ -597,6 +821,8 @@ def self_test():
         checks.append((open(page_path).read() == page, "writing the same runs again changes nothing"))
         checks += self_test_quota(tmp)
         checks += self_test_streams(tmp)
+        checks += self_test_groups()
+        checks += self_test_refused_write(tmp)
         failed = [what for ok, what in checks if not ok]
         if failed:
             print(page)
@@ -611,15 +837,16 @@ def main():
     ap.add_argument("--page", default=PAGE, help="the page to update (default: docs/performance.md)")
     ap.add_argument("--self-test", action="store_true", help="check the script on a built sample")
     ap.add_argument("--quota", metavar="DIR",
-                    help="write the 'Under a CPU quota' section from a bench/quota.sh OUT directory")
+                    help="write this CPU class's section under 'Under a CPU quota' from a "
+                         "bench/quota.sh OUT directory")
     ap.add_argument("--streams", metavar="DIR",
-                    help="write the 'Concurrent streams on `serve`' section from a "
-                         "bench/streams.sh OUT directory")
+                    help="write this CPU class's section under 'Concurrent streams on `serve`' "
+                         "from a bench/streams.sh OUT directory")
     a = ap.parse_args()
     if a.self_test:
         return self_test()
     if a.quota and a.streams:
-        ap.error("--quota and --streams each write one section: give one per run")
+        ap.error("--quota and --streams each write one class's section: give one per run")
     if a.quota or a.streams:
         if a.runs:
             ap.error("--quota and --streams take one directory each; write the tables in "
