@@ -4,8 +4,9 @@
 # cpu.cfs_period_us where the cpu controller is on v1), each pair runs ours at FORCED threads,
 # llama.cpp at FORCED, ours at its default (no -t: what `serve` picks under the quota) and
 # llama.cpp at that same count, alternating. Raw results go to OUT (each run's JSON, run.json),
-# from which `bench/performance_page.py --quota OUT` writes docs/performance.md's "Under a CPU
-# quota" section. Needs root (to make the cgroup) and the peer's virtualenv (testdata/README.md).
+# from which `bench/performance_page.py --quota OUT` writes this CPU class's section under
+# docs/performance.md's "Under a CPU quota". Needs root (to make the cgroup) and the peer's
+# virtualenv (testdata/README.md).
 #   OUT=/tmp/perf/quota bench/quota.sh [PAIRS] [bench args...]
 # e.g. QUOTA="25000 100000" FORCED=2 KERNELS=avx2 bench/quota.sh 3 -p 128 -n 32   (the defaults)
 set -euo pipefail

@@ -4,8 +4,8 @@
 # 128 greedy tokens), each rep once with one token per pass (`--no-speculative`, what batching
 # the streams alone gives) and once with prompt-lookup drafting (the default), alternating so both
 # see the same machine noise. Raw results go to OUT (plain-K.json, spec-K.json, run.json and the
-# server's log), from which `bench/performance_page.py --streams OUT` writes docs/performance.md's
-# "Concurrent streams on `serve`" section.
+# server's log), from which `bench/performance_page.py --streams OUT` writes this CPU class's
+# section under docs/performance.md's "Concurrent streams on `serve`".
 #   OUT=DIR [BIN=path] [MODEL=x.gguf] [KERNELS=avx2] [PORT=N] bench/streams.sh [REPS]
 # e.g. OUT=/tmp/perf/streams bench/streams.sh 3   (KERNELS=avx2 and 3 reps are the defaults;
 # KERNELS= runs the best kernels the CPU has). Without BIN it builds target/release/llm-server.
