@@ -270,12 +270,13 @@ unsafe fn unit_rows_batch<B: GridBlock + Block>(
     })
 }
 
+/// [`unit_rows_batch`]'s copies: a pass's [`unit_acts`], and a row's [`unit_weights`] and heads.
+type UnitScratch = (Vec<UnitActs>, Vec<(UnitWeights, __m256i)>);
+
 thread_local! {
-    /// [`unit_rows_batch`]'s copies (a pass's [`unit_acts`], a row's [`unit_weights`] and heads),
-    /// kept per thread so that a call allocates only when a wider matrix or a larger batch than
-    /// the thread has seen comes.
-    static UNIT_SCRATCH: RefCell<(Vec<UnitActs>, Vec<(UnitWeights, __m256i)>)> =
-        const { RefCell::new((Vec::new(), Vec::new())) };
+    /// [`UnitScratch`], kept per thread so that a call allocates only when a wider matrix or a
+    /// larger batch than the thread has seen comes.
+    static UNIT_SCRATCH: RefCell<UnitScratch> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// `N` activation rows (their [`unit_acts`] `u`, `n` a row) against one weight row `row` (its
