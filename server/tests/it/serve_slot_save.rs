@@ -161,12 +161,12 @@ fn a_changed_slot_is_saved_when_idle() {
     let dir = Dir::new("idle");
     let s = start(&synth_model(), &dir, &["--slot-save-idle", "1"]);
     let v = ask(&s, &long_prompt(), &[]);
+    // The file appears a moment before the server logs the save: wait for both.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !dir.slot0().exists() {
+    while !(dir.slot0().exists() && s.log().contains("slot 0: saved")) {
         assert!(Instant::now() < deadline, "not saved:\n{}", s.log());
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(s.log().contains("slot 0: saved"), "{}", s.log());
     // Saved once: nothing changed since.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(s.log().matches("slot 0: saved").count(), 1, "{}", s.log());
