@@ -550,6 +550,38 @@ fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(
     })
 }
 
+/// Weight bytes [`gemv_slabs`] reads per slab: small enough to be in L2 still for the next
+/// activation row, large enough that the mat-vec's requests ahead, which stop at a slab's end,
+/// start again seldom.
+const SLAB_BYTES: usize = 64 << 10;
+
+/// A [`Kernels::rows_xn`] in the repacked order for a format whose fast mat-vec there has no
+/// form for several activation rows (Q4_0's and IQ4_NL's eight-row `gemv_nibbles`), and whose
+/// one-row dot costs a horizontal sum per block (row by row, two streams took four times one
+/// stream's pass): each activation row takes [`dot_rows`]' own mat-vec ([`gemv_of`]) over one
+/// slab of rows after the other, the slab read from memory by the first and from cache by the
+/// rest. Exact however the rows are split, as every row is its own [`Kernels::dot_1x1`] in this
+/// order. Writes every row; returns their count.
+#[inline(always)]
+pub(crate) fn gemv_slabs<W: Kernels<I>, I: Isa, const N: usize>(
+    order: DotOrder,
+    row_bytes: usize,
+    rows: &[u8],
+    acts: [&[ActBlock<W>]; N],
+    outs: &mut [&mut [f32]],
+) -> usize {
+    let slab = (SLAB_BYTES / row_bytes).max(8).next_multiple_of(8);
+    let n_rows = rows.len() / row_bytes;
+    for first in (0..n_rows).step_by(slab) {
+        let end = (first + slab).min(n_rows);
+        let part = &rows[first * row_bytes..end * row_bytes];
+        for (act, out) in acts.iter().zip(outs.iter_mut()) {
+            gemv_of::<W, I>(order, row_bytes, part, act, &mut out[first..end]);
+        }
+    }
+    n_rows
+}
+
 /// [`rows_n_in`]'s loop in the orders other than free, row by row from row `first`.
 #[inline(always)]
 fn rows_n_from<W: Kernels<I>, I: Isa, const N: usize>(

@@ -171,6 +171,22 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Iq4Nl {
+        /// Repacked, [`gemv_slabs`](crate::quant::gemv_slabs): each stream the mat-vec of
+        /// [`Kernels::rows_x1`] over slabs of rows; the other orders go row by row.
+        #[inline]
+        fn rows_xn<const N: usize>(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8_0]; N],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> usize {
+            match order {
+                DotOrder::Repacked => crate::quant::gemv_slabs::<Self, I, N>(order, row_bytes, rows, a, outs),
+                _ => 0,
+            }
+        }
+
         /// Repacked, [`gemv_nibbles::rows`] eight rows at a time and the rest by
         /// [`block32::repacked_4rows`] quad by quad, each group requesting the next as it goes;
         /// the other orders read rows one by one.

@@ -145,7 +145,8 @@ avx2! {
         }
 
         /// [`block32::free_or_exact_rows_n`]: quads for a batch of streams, each requesting the
-        /// next as it goes (the repacked order goes quad by quad without).
+        /// next as it goes; repacked, [`gemv_slabs`](crate::quant::gemv_slabs) (each stream
+        /// [`Kernels::rows_x1`]' mat-vec over slabs of rows).
         #[inline]
         fn rows_xn<const N: usize>(
             rows: &[u8],
@@ -155,7 +156,7 @@ avx2! {
             outs: &mut [&mut [f32]],
         ) -> usize {
             if order == DotOrder::Repacked {
-                return 0;
+                return crate::quant::gemv_slabs::<Self, I, N>(order, row_bytes, rows, a, outs);
             }
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
             // kernel checks the lengths it relies on.
