@@ -89,7 +89,7 @@ pub trait Weight: WeightRow {
 /// | `dot_1xn`     | 1 x N | `dot_rows_multi`; `rows_x8`'s default            | exact in every order                                        | N `dot_1x1`s                      |
 /// | `dot_4xn`     | 4 x N | `dot_rows` (N = 1, quads `rows_x1` left); `dot_rows_multi` (free) | free: the format's own, the same for every N; others exact | [`dot_4xn_by_rows`] |
 /// | `rows_x1`     | R x 1 | `dot_rows`                                       | each output `dot_4xn`'s                                     | writes no row                     |
-/// | `rows_xn`     | R x N | `dot_rows_multi` in the free order               | each output `dot_4xn`'s                                     | writes no row                     |
+/// | `rows_xn`     | R x N | `dot_rows_multi`, first, in every order          | each output `dot_4xn`'s                                     | writes no row                     |
 /// | `rows_x4`     | R x 4 | `dot_rows_x4`                                    | each output `dot_1x4`'s                                     | [`rows_x4_by_row`]                |
 /// | `rows_x8`     | R x 8 | `dot_rows_x8`                                    | each output what `rows_x4` gives it in its group of four    | [`rows_x8_by_row`]                |
 /// | `rows_xbatch` | R x T | `dot_rows_batch`                                 | each output what the groups of 8 and 4 and single rows give | declines (returns false)          |
@@ -167,7 +167,8 @@ pub trait Kernels<I: Isa = Avx2>: Weight {
     }
     /// [`Kernels::rows_x1`] for `N` (2..=4) activation rows (a batch of streams):
     /// `outs[t][i]` = row i · `a[t]` in `order`, each what [`Kernels::dot_4xn`] gives it.
-    /// Returns how many of the first rows it wrote (whole quads); the default writes none.
+    /// Returns how many of the first rows it wrote (whole quads, or every row); the default
+    /// writes none.
     #[inline(always)]
     fn rows_xn<const N: usize>(
         _rows: &[u8],

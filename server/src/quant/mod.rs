@@ -527,9 +527,9 @@ pub fn dot_rows_multi(
 }
 
 /// One group of [`dot_rows_multi`], the order chosen outside the loops as in [`dot_rows`]: the
-/// format's own mat-vec first, as far as it goes (whole quads, [`Kernels::rows_xn`]), then the
-/// rest in quads in the free order (so each output is the one a single-row call computes) and
-/// row by row in the others (each row's [`Kernels::dot_1xn`], the exact chains of
+/// format's own mat-vec first, as far as it goes ([`Kernels::rows_xn`]: whole quads, or all),
+/// then the rest in quads in the free order (so each output is the one a single-row call
+/// computes) and row by row in the others (each row's [`Kernels::dot_1xn`], the exact chains of
 /// [`Kernels::dot_1x1`]).
 #[inline(always)]
 fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(

@@ -402,8 +402,6 @@ fn x4_rows_equal_one_row_dots(
     Ok(())
 }
 
-/// Rows wider than the tiled kernels' scale table (512 blocks of 32) take the per-row kernels:
-/// still each row's own result.
 /// `dot_rows_multi` in the repacked order over more than two slabs of Q4_0's and IQ4_NL's
 /// per-stream mat-vecs (`gemv_slabs`, 64 KiB of weights each), and Q4_K's rows one by one: every
 /// row, at the slabs' edges too, is what `dot_rows` gives each activation row alone, bit for bit.
@@ -432,6 +430,8 @@ fn repacked_streams_past_a_slab_equal_one_stream_bit_for_bit() {
     }
 }
 
+/// Rows wider than the tiled kernels' scale table (512 blocks of 32) take the per-row kernels:
+/// still each row's own result.
 #[test]
 fn dot_rows_x4_and_x8_of_wide_rows_equal_each_rows_dot_bit_for_bit() {
     let mut rng = Rng(7);

@@ -182,7 +182,9 @@ avx2! {
             outs: &mut [&mut [f32]],
         ) -> usize {
             match order {
-                DotOrder::Repacked => crate::quant::gemv_slabs::<Self, I, N>(order, row_bytes, rows, a, outs),
+                DotOrder::Repacked => {
+                    crate::quant::gemv_slabs::<Self, I, N>(order, row_bytes, rows, a, outs)
+                }
                 _ => 0,
             }
         }

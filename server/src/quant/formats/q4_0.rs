@@ -115,8 +115,9 @@ avx2! {
 
         /// Repacked, [`gemv_nibbles::rows`], eight rows at a time; otherwise
         /// [`Kernels::dot_4xn`]' kernels quad by quad, each requesting the next as it goes
-        /// ([`block32::repacked_rows`], [`block32::free_or_exact_rows`]). (Not eight rows where the order is free: there several
-        /// activation rows take `dot_4xn`, whose order a single row must share.)
+        /// ([`block32::repacked_rows`], [`block32::free_or_exact_rows`]). (Not eight rows where
+        /// the order is free: there several activation rows take `dot_4xn`, whose order a
+        /// single row must share.)
         #[inline]
         fn rows_x1(
             rows: &[u8],

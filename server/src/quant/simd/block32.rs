@@ -295,8 +295,8 @@ pub unsafe fn free_or_exact_rows<I: Isa, B: SignedBlock32>(
     free_or_exact_rows_n::<I, B, 1>(order, rows, row_bytes, [a], &mut [out])
 }
 
-/// Four weight rows at a time against `N` activation rows (one, or a batch of streams): `outs[t][i]` = row i ·
-/// `a[t]`, each bit-identical to what [`vec_dot_4rows_n`] (free order) or
+/// Four weight rows at a time against `N` activation rows (one, or a batch of streams):
+/// `outs[t][i]` = row i · `a[t]`, each bit-identical to what [`vec_dot_4rows_n`] (free order) or
 /// [`vec_dot_4rows_exact_n`] (every other) gives it, and so to the single-row kernels'. Returns
 /// how many rows it wrote.
 #[inline(never)]
@@ -476,8 +476,8 @@ pub(crate) use tiled_rows;
 
 /// The [`Kernels::rows_x1`] and [`Kernels::rows_xn`] of a 32-value format whose four-row
 /// kernels are [`vec_dot_4rows`] in the free order and [`vec_dot_4rows_exact_n`] in every other
-/// (Q8_0, Q5_0): [`free_or_exact_rows`] and [`free_or_exact_rows_n`], written once for the formats'
-/// `impl Kernels`.
+/// (Q8_0, Q5_0): [`free_or_exact_rows`] and [`free_or_exact_rows_n`], written once for the
+/// formats' `impl Kernels`.
 macro_rules! free_or_exact_gemv {
     ($block:ty) => {
         #[inline]
