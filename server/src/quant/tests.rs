@@ -402,30 +402,33 @@ fn x4_rows_equal_one_row_dots(
     Ok(())
 }
 
-/// `dot_rows_multi` in the repacked order over more than two slabs of Q4_0's and IQ4_NL's
-/// per-stream mat-vecs (`gemv_slabs`, 64 KiB of weights each), and Q4_K's rows one by one: every
-/// row, at the slabs' edges too, is what `dot_rows` gives each activation row alone, bit for bit.
+/// `dot_rows_multi` in the repacked order, three streams: Q4_0 and IQ4_NL over many groups of
+/// `gemv_nibbles::rows_n`'s eight rows and a rest, and over rows wider than its table, which
+/// take each stream's mat-vec over three slabs (`gemv_slabs`, 64 KiB of weights each); Q4_K row
+/// by row. Every row is what `dot_rows` gives each activation row alone, bit for bit.
 #[test]
-fn repacked_streams_past_a_slab_equal_one_stream_bit_for_bit() {
+fn repacked_streams_equal_one_stream_bit_for_bit() {
     let mut rng = Rng(45);
-    for w in [GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q4_K] {
-        let n = 512;
-        let n_rows = (150 << 10) / w.row_bytes(n).unwrap() + 5;
-        let rows: Vec<u8> = (0..n_rows)
-            .flat_map(|_| random_weights(w, n, &mut rng))
-            .collect();
-        let acts: Vec<Vec<u8>> = (0..3)
-            .map(|_| quantized(w, &random_activations(n, &mut rng)))
-            .collect();
-        let act_refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
-        let mut outs = vec![vec![f32::NAN; n_rows]; acts.len()];
-        let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
-        dot_rows_multi(w, DotOrder::Repacked, n, &rows, &act_refs, &mut out_refs);
-        for (act, out) in acts.iter().zip(&outs) {
-            let mut single = vec![0f32; n_rows];
-            dot_rows(w, DotOrder::Repacked, n, &rows, act, &mut single);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(out), bits(&single), "{w}: {n_rows} rows");
+    // 512 values: 37 groups of eight rows and five more; 520 blocks: past the table, 21 rows.
+    for (n, bytes) in [(512, 150 << 10), (520 * 32, 190 << 10)] {
+        for w in [GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q4_K] {
+            let n_rows = bytes / w.row_bytes(n).unwrap() + 5;
+            let rows: Vec<u8> = (0..n_rows)
+                .flat_map(|_| random_weights(w, n, &mut rng))
+                .collect();
+            let acts: Vec<Vec<u8>> = (0..3)
+                .map(|_| quantized(w, &random_activations(n, &mut rng)))
+                .collect();
+            let act_refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+            let mut outs = vec![vec![f32::NAN; n_rows]; acts.len()];
+            let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+            dot_rows_multi(w, DotOrder::Repacked, n, &rows, &act_refs, &mut out_refs);
+            for (act, out) in acts.iter().zip(&outs) {
+                let mut single = vec![0f32; n_rows];
+                dot_rows(w, DotOrder::Repacked, n, &rows, act, &mut single);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(out), bits(&single), "{w}: {n_rows} rows of {n}");
+            }
         }
     }
 }

@@ -171,8 +171,10 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Iq4Nl {
-        /// Repacked, [`gemv_slabs`](crate::quant::gemv_slabs): each stream the mat-vec of
-        /// [`Kernels::rows_x1`] over slabs of rows; the other orders go row by row.
+        /// Repacked, [`gemv_nibbles::rows_n`]: eight rows for all the streams at a time, the
+        /// rest row by row; rows wider than its table, [`gemv_slabs`](crate::quant::gemv_slabs)
+        /// (each stream the mat-vec of [`Kernels::rows_x1`] over slabs of rows). The other
+        /// orders go row by row.
         #[inline]
         fn rows_xn<const N: usize>(
             rows: &[u8],
@@ -181,11 +183,14 @@ avx2! {
             order: DotOrder,
             outs: &mut [&mut [f32]],
         ) -> usize {
-            match order {
-                DotOrder::Repacked => {
-                    crate::quant::gemv_slabs::<Self, I, N>(order, row_bytes, rows, a, outs)
-                }
-                _ => 0,
+            if order != DotOrder::Repacked {
+                return 0;
+            }
+            // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
+            // kernel checks the lengths it relies on.
+            match unsafe { gemv_nibbles::rows_n::<I, BlockIq4Nl, N>(rows, row_bytes, a, outs) } {
+                0 => crate::quant::gemv_slabs::<Self, I, N>(order, row_bytes, rows, a, outs),
+                done => done,
             }
         }
 

@@ -146,8 +146,10 @@ avx2! {
         }
 
         /// [`block32::free_or_exact_rows_n`]: quads for a batch of streams, each requesting the
-        /// next as it goes; repacked, [`gemv_slabs`](crate::quant::gemv_slabs) (each stream
-        /// [`Kernels::rows_x1`]' mat-vec over slabs of rows).
+        /// next as it goes; repacked, [`gemv_nibbles::rows_n`] (eight rows for all the streams
+        /// at a time, the rest row by row), and for rows wider than its table
+        /// [`gemv_slabs`](crate::quant::gemv_slabs) (each stream [`Kernels::rows_x1`]' mat-vec
+        /// over slabs of rows).
         #[inline]
         fn rows_xn<const N: usize>(
             rows: &[u8],
@@ -156,12 +158,17 @@ avx2! {
             order: DotOrder,
             outs: &mut [&mut [f32]],
         ) -> usize {
-            if order == DotOrder::Repacked {
-                return crate::quant::gemv_slabs::<Self, I, N>(order, row_bytes, rows, a, outs);
-            }
             // SAFETY: the target has AVX2/FMA/F16C (this impl is compiled only then); the
-            // kernel checks the lengths it relies on.
-            unsafe { block32::free_or_exact_rows_n::<I, BlockQ4_0, N>(order, rows, row_bytes, a, outs) }
+            // kernels check the lengths they rely on.
+            unsafe {
+                if order != DotOrder::Repacked {
+                    return block32::free_or_exact_rows_n::<I, BlockQ4_0, N>(order, rows, row_bytes, a, outs);
+                }
+                match gemv_nibbles::rows_n::<I, BlockQ4_0, N>(rows, row_bytes, a, outs) {
+                    0 => crate::quant::gemv_slabs::<Self, I, N>(order, row_bytes, rows, a, outs),
+                    done => done,
+                }
+            }
         }
 
         #[inline]

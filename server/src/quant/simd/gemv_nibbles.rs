@@ -63,32 +63,60 @@ pub trait NibbleBlock: SignedBlock32 {
 /// # Safety
 /// The target must have AVX2/FMA/F16C (the module is compiled only then), and VNNI where `I`
 /// says so.
-// Not inlined: see `groups_ahead`.
-#[inline(never)]
+#[inline(always)]
 pub unsafe fn rows<I: Isa, B: NibbleBlock>(
     rows: &[u8],
     row_bytes: usize,
     a: &[BlockQ8_0],
     out: &mut [f32],
 ) -> usize {
-    let n = a.len();
-    if n > ROWS_MAX_BLOCKS {
+    rows_n::<I, B, 1>(rows, row_bytes, [a], &mut [out])
+}
+
+/// [`rows`] for `N` activation rows (a batch of decode streams): `outs[t][i]` = row i · `a[t]`,
+/// each bit-identical to [`rows`] with `a[t]` alone, as every row's sum keeps its own chain.
+/// Each group's nibbles are loaded and unpacked once for all `N`; returns how many rows it
+/// wrote in every `outs[t]`.
+///
+/// # Safety
+/// As for [`rows`].
+// Not inlined: see `groups_ahead`.
+#[inline(never)]
+pub unsafe fn rows_n<I: Isa, B: NibbleBlock, const N: usize>(
+    rows: &[u8],
+    row_bytes: usize,
+    a: [&[BlockQ8_0]; N],
+    outs: &mut [&mut [f32]],
+) -> usize {
+    let n = a[0].len();
+    let n_rows = outs[0].len();
+    if n > ROWS_MAX_BLOCKS
+        || outs.len() != N
+        || a.iter().any(|a| a.len() != n)
+        || outs.iter().any(|o| o.len() != n_rows)
+    {
         return 0;
     }
-    // Per activation block, `-offset·Σa` and its scale: 8 bytes, so the table of the widest
-    // rows stays in L1 beside the weights streaming through. Uninitialised, so a call does not
+    // Per activation block, `-offset·Σa` and its scale: 8 bytes, so the tables of the widest
+    // rows stay in L1 beside the weights streaming through. Uninitialised, so a call does not
     // clear what it will not read: entries 0..n are written.
-    let mut table = [const { MaybeUninit::<Act>::uninit() }; ROWS_MAX_BLOCKS];
-    for (t, ab) in table[..n].iter_mut().zip(a) {
-        t.write(Act {
-            minus_offset: -B::offset::<I>() * ab.qs.iter().map(|&v| v as i32).sum::<i32>(),
-            d: f16_to_f32(ab.d),
-        });
+    let mut tables = [const { [const { MaybeUninit::<Act>::uninit() }; ROWS_MAX_BLOCKS] }; N];
+    for (table, a) in tables.iter_mut().zip(a) {
+        for (t, ab) in table[..n].iter_mut().zip(a) {
+            t.write(Act {
+                minus_offset: -B::offset::<I>() * ab.qs.iter().map(|&v| v as i32).sum::<i32>(),
+                d: f16_to_f32(ab.d),
+            });
+        }
     }
     // SAFETY: entries 0..n were written just above; MaybeUninit<T> has T's layout.
-    let table = std::slice::from_raw_parts(table.as_ptr().cast::<Act>(), n);
-    groups_ahead::<I, B, ROWS>(rows, row_bytes, n, out.len(), |i, w, next| {
-        out[i..i + ROWS].copy_from_slice(&eight_rows::<I, B>(w, next, a, table))
+    let tables: [&[Act]; N] =
+        std::array::from_fn(|s| std::slice::from_raw_parts(tables[s].as_ptr().cast::<Act>(), n));
+    groups_ahead::<I, B, ROWS>(rows, row_bytes, n, n_rows, |i, w, next| {
+        let sums = eight_rows::<I, B, N>(w, next, a, tables);
+        for (out, sums) in outs.iter_mut().zip(&sums) {
+            out[i..i + ROWS].copy_from_slice(sums);
+        }
     })
 }
 
@@ -103,29 +131,25 @@ struct Act {
     d: f32,
 }
 
-/// Eight rows of `n` blocks against the prepared activation, requesting the `next` group's
-/// lines as it reads its own ([`request_lines`], every [`blocks_per_request`] blocks).
+/// Eight rows of `n` blocks against each of the `N` prepared activations, requesting the
+/// `next` group's lines as it reads its own ([`request_lines`], every [`blocks_per_request`]
+/// blocks).
 #[inline(always)]
-unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
+unsafe fn eight_rows<I: Isa, B: NibbleBlock, const N: usize>(
     w: [&[B]; ROWS],
     next: Option<[&[B]; ROWS]>,
-    a: &[BlockQ8_0],
-    t: &[Act],
-) -> [f32; ROWS] {
-    let n = a.len();
-    assert!(t.len() == n, "table of another width");
+    a: [&[BlockQ8_0]; N],
+    t: [&[Act]; N],
+) -> [[f32; ROWS]; N] {
+    let n = w[0].len();
+    assert!(a.iter().zip(t).all(|(a, t)| a.len() == n && t.len() == n), "activations of another width");
     assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
     assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
     let nibble = _mm256_set1_epi8(0x0F);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); N];
     let mut block = |i: usize| {
-        // SAFETY (get_unchecked): every row has n blocks (asserted above), i < n, and the
-        // table has n entries.
-        let (ab, act) = (a.get_unchecked(i), t.get_unchecked(i));
+        // SAFETY (get_unchecked): every row and table has n blocks (asserted above), i < n.
         let b = w.map(|w| w.get_unchecked(i));
-        // The activation's values 0..16 and 16..32, each in both 128-bit halves.
-        let a_lo = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().cast()));
-        let a_hi = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().add(16).cast()));
         // Rows r (low half) and r+4 (high half), their nibbles `lo` (values 0..16) and `hi`.
         let pairs = std::array::from_fn(|r| {
             let q = _mm256_inserti128_si256(
@@ -135,10 +159,16 @@ unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
             );
             (_mm256_and_si256(q, nibble), _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble))
         });
-        // Less offset·Σa: each row's Σq·a.
-        let sums = _mm256_add_epi32(B::sums::<I>(pairs, a_lo, a_hi), _mm256_set1_epi32(act.minus_offset));
         let d_w = _mm256_cvtph_ps(f16_lanes(b.map(|b| b.d())));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d_w, _mm256_set1_ps(act.d)), acc);
+        unrolled::<N>(|s| {
+            let (ab, act) = (a[s].get_unchecked(i), t[s].get_unchecked(i));
+            // The activation's values 0..16 and 16..32, each in both 128-bit halves.
+            let a_lo = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().cast()));
+            let a_hi = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().add(16).cast()));
+            // Less offset·Σa: each row's Σq·a.
+            let sums = _mm256_add_epi32(B::sums::<I>(pairs, a_lo, a_hi), _mm256_set1_epi32(act.minus_offset));
+            acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d_w, _mm256_set1_ps(act.d)), acc[s]);
+        });
     };
     // Runs of a line's worth of blocks, each run requesting the next group's lines once
     // (`request_lines`; the blocks are in order either way). This loop's speed from memory
@@ -155,8 +185,10 @@ unsafe fn eight_rows<I: Isa, B: NibbleBlock>(
             }
         });
     }
-    let mut out = [0.0f32; ROWS];
-    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    let mut out = [[0.0f32; ROWS]; N];
+    for (out, acc) in out.iter_mut().zip(acc) {
+        _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    }
     out
 }
 
