@@ -17,15 +17,20 @@
 //!
 //! `--kernels avx2` runs the x86-64-v3 kernels on a CPU that has VNNI (as the server's flag).
 //!
+//! `--streams S` gives every pass S activation rows (`dot_rows_multi`, as a batch of S decode
+//! streams). The GB/s are still of the weights, read once per pass: against a run without
+//! `--streams`, a batch that costs no more than one stream keeps the rate, and one that gains
+//! nothing over S single passes divides it by S.
+//!
 //! `cargo run -p llm-server --release --example kernel_bench [-- [--bytes B] [--kernels K]
-//! TYPE:N[:ORDER] ...]`
+//! [--streams S] TYPE:N[:ORDER] ...]`
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use llm_server::quant::{
-    dot_rows, isa, quantize_row_for, random_row, vec_dot_type, DotOrder, GgmlType,
+    dot_rows, dot_rows_multi, isa, quantize_row_for, random_row, vec_dot_type, DotOrder, GgmlType,
 };
 
 /// Bytes of the weight matrix per case unless `--bytes` says: the size of the Q8_0 LM head.
@@ -55,21 +60,45 @@ fn on_cpu() -> Duration {
     Duration::from_nanos(ns)
 }
 
-fn bench(ty: GgmlType, n: usize, order: Option<DotOrder>, bytes: usize, seed: &mut u64) {
+fn bench(
+    ty: GgmlType,
+    n: usize,
+    order: Option<DotOrder>,
+    bytes: usize,
+    streams: usize,
+    seed: &mut u64,
+) {
     let row_bytes = ty.row_bytes(n).unwrap();
     // Whole groups of eight rows, as every model's matrices come.
     let rows = (bytes / row_bytes / 8 * 8).max(8);
     let order = order.unwrap_or(DotOrder::of(ty, rows, 1));
     // Small scales keep NaN and subnormal arithmetic (slow on some CPUs) out of the timing.
     let matrix = random_row(ty, n * rows, 0.01, &mut || next(seed));
-    let x: Vec<f32> = (0..n)
-        .map(|_| (next(seed) >> 40) as f32 / (1 << 23) as f32 - 1.0)
-        .collect();
     let act_ty = vec_dot_type(ty);
-    let mut act = vec![0u8; act_ty.row_bytes(n).unwrap()];
-    quantize_row_for(ty, &x, &mut act);
-    let mut out = vec![0f32; rows];
+    let acts: Vec<Vec<u8>> = (0..streams)
+        .map(|_| {
+            let x: Vec<f32> = (0..n)
+                .map(|_| (next(seed) >> 40) as f32 / (1 << 23) as f32 - 1.0)
+                .collect();
+            let mut act = vec![0u8; act_ty.row_bytes(n).unwrap()];
+            quantize_row_for(ty, &x, &mut act);
+            act
+        })
+        .collect();
+    let act_refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+    let mut outs = vec![vec![0f32; rows]; streams];
 
+    // One pass: one activation row through `dot_rows` (the decode path of one stream), several
+    // through `dot_rows_multi`.
+    let mut pass = |matrix: &[u8]| {
+        if streams == 1 {
+            dot_rows(ty, order, n, matrix, &acts[0], &mut outs[0]);
+        } else {
+            let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+            dot_rows_multi(ty, order, n, matrix, &act_refs, &mut out_refs);
+        }
+        black_box(&outs);
+    };
     // A small matrix goes through several times per pass, so that each pass reads at least
     // REPEAT_BYTES: the on-CPU clock ticks in milliseconds.
     let repeats = REPEAT_BYTES.div_ceil(matrix.len()) as u32;
@@ -77,8 +106,7 @@ fn bench(ty: GgmlType, n: usize, order: Option<DotOrder>, bytes: usize, seed: &m
     for _ in 0..PASSES {
         let (start, start_cpu) = (Instant::now(), on_cpu());
         for _ in 0..repeats {
-            dot_rows(ty, order, n, black_box(&matrix), &act, &mut out);
-            black_box(&out);
+            pass(black_box(&matrix));
         }
         wall = wall.min(start.elapsed() / repeats);
         cpu = cpu.min((on_cpu() - start_cpu) / repeats);
@@ -99,6 +127,17 @@ fn bench(ty: GgmlType, n: usize, order: Option<DotOrder>, bytes: usize, seed: &m
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut bytes = MATRIX_BYTES;
+    let mut streams = 1;
+    if let Some(at) = args.iter().position(|a| a == "--streams") {
+        streams = match args.get(at + 1).and_then(|b| b.parse().ok()) {
+            Some(s) if (1..=16).contains(&s) => s,
+            _ => {
+                eprintln!("--streams: expected 1 to 16 activation rows, e.g. --streams 2");
+                std::process::exit(2)
+            }
+        };
+        args.drain(at..at + 2);
+    }
     if let Some(at) = args.iter().position(|a| a == "--bytes") {
         bytes = match args.get(at + 1).and_then(|b| b.parse().ok()) {
             Some(b) if b > 0 => b,
@@ -133,11 +172,12 @@ fn main() {
     };
     let mut seed = 0x5eed;
     println!(
-        "best of {PASSES} single-threaded passes over each matrix, {} kernels",
+        "best of {PASSES} single-threaded passes over each matrix, {} kernels, {streams} \
+         activation row(s) per pass",
         isa::selected()
     );
     for (ty, n, order) in cases {
-        bench(ty, n, order, bytes, &mut seed);
+        bench(ty, n, order, bytes, streams, &mut seed);
     }
 }
 

@@ -32,7 +32,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::block32::{SignedBlock32, ROWS_MAX_BLOCKS};
-use super::{blocks_per_request, f16_lanes, groups_ahead, load128, request_lines, unrolled};
+use super::{blocks_per_request, f16_lanes, groups_ahead, load128, request_lines};
 use crate::quant::blocks::f16_to_f32;
 use crate::quant::formats::q8_0::BlockQ8_0;
 use crate::quant::isa::Isa;
@@ -147,49 +147,66 @@ unsafe fn eight_rows<I: Isa, B: NibbleBlock, const N: usize>(
     assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
     let nibble = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); N];
-    let mut block = |i: usize| {
-        // SAFETY (get_unchecked): every row and table has n blocks (asserted above), i < n.
-        let b = w.map(|w| w.get_unchecked(i));
-        // Rows r (low half) and r+4 (high half), their nibbles `lo` (values 0..16) and `hi`.
-        let pairs = std::array::from_fn(|r| {
-            let q = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(load128(b[r].qs().as_ptr())),
-                load128(b[r + 4].qs().as_ptr()),
-                1,
-            );
-            (_mm256_and_si256(q, nibble), _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble))
-        });
-        let d_w = _mm256_cvtph_ps(f16_lanes(b.map(|b| b.d())));
-        unrolled::<N>(|s| {
-            let (ab, act) = (a[s].get_unchecked(i), t[s].get_unchecked(i));
-            // The activation's values 0..16 and 16..32, each in both 128-bit halves.
-            let a_lo = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().cast()));
-            let a_hi = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().add(16).cast()));
-            // Less offset·Σa: each row's Σq·a.
-            let sums = _mm256_add_epi32(B::sums::<I>(pairs, a_lo, a_hi), _mm256_set1_epi32(act.minus_offset));
-            acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d_w, _mm256_set1_ps(act.d)), acc[s]);
-        });
-    };
     // Runs of a line's worth of blocks, each run requesting the next group's lines once
     // (`request_lines`; the blocks are in order either way). This loop's speed from memory
     // depends on its shape more than its instruction count shows: written as plain nested
     // loops it reads markedly slower from memory (not from L2), and a `block` that LLVM leaves
     // as a call slower still. Measure any change from memory, in all four instances.
+    // The run is written out by a macro, not by `unrolled`'s closure, which LLVM left as a call
+    // once several streams made `block` large.
     let run = blocks_per_request::<B>();
-    const { assert!(blocks_per_request::<B>() <= 4, "a run longer than `unrolled` takes") };
+    const { assert!(blocks_per_request::<B>() <= 4, "a run longer than the steps below") };
     for start in (0..n).step_by(run) {
         request_lines(next, start);
-        unrolled::<4>(|k| {
-            if k < run && start + k < n {
-                block(start + k);
-            }
-        });
+        macro_rules! steps {
+            ($($k:literal)*) => {
+                $(if $k < run && start + $k < n {
+                    block::<I, B, N>(w, a, t, start + $k, nibble, &mut acc);
+                })*
+            };
+        }
+        steps!(0 1 2 3);
     }
     let mut out = [[0.0f32; ROWS]; N];
     for (out, acc) in out.iter_mut().zip(acc) {
         _mm256_storeu_ps(out.as_mut_ptr(), acc);
     }
     out
+}
+
+/// Block `i` of eight rows against each activation, added to `acc` (lane r of `acc[s]` is row
+/// r's chain against `a[s]`).
+#[inline(always)]
+unsafe fn block<I: Isa, B: NibbleBlock, const N: usize>(
+    w: [&[B]; ROWS],
+    a: [&[BlockQ8_0]; N],
+    t: [&[Act]; N],
+    i: usize,
+    nibble: __m256i,
+    acc: &mut [__m256; N],
+) {
+    // SAFETY (get_unchecked): the caller asserted that every row and table has more than i
+    // blocks.
+    let b = w.map(|w| w.get_unchecked(i));
+    // Rows r (low half) and r+4 (high half), their nibbles `lo` (values 0..16) and `hi`.
+    let pairs = std::array::from_fn(|r| {
+        let q = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(load128(b[r].qs().as_ptr())),
+            load128(b[r + 4].qs().as_ptr()),
+            1,
+        );
+        (_mm256_and_si256(q, nibble), _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble))
+    });
+    let d_w = _mm256_cvtph_ps(f16_lanes(b.map(|b| b.d())));
+    for s in 0..N {
+        let (ab, act) = (a[s].get_unchecked(i), t[s].get_unchecked(i));
+        // The activation's values 0..16 and 16..32, each in both 128-bit halves.
+        let a_lo = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().cast()));
+        let a_hi = _mm256_broadcastsi128_si256(load128(ab.qs.as_ptr().add(16).cast()));
+        // Less offset·Σa: each row's Σq·a.
+        let sums = _mm256_add_epi32(B::sums::<I>(pairs, a_lo, a_hi), _mm256_set1_epi32(act.minus_offset));
+        acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d_w, _mm256_set1_ps(act.d)), acc[s]);
+    }
 }
 
 #[cfg(test)]
