@@ -172,6 +172,30 @@ avx2! {
             }
         }
 
+        /// Repacked, [`gemv_4rows_n`] quad by quad for all the streams, requesting the next
+        /// quad as it goes; the rest row by row. The other orders go row by row.
+        #[inline]
+        fn rows_xn<const N: usize>(
+            rows: &[u8],
+            row_bytes: usize,
+            a: [&[BlockQ8K]; N],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> usize {
+            let n_rows = outs.first().map_or(0, |o| o.len());
+            if order != DotOrder::Repacked || outs.len() != N || outs.iter().any(|o| o.len() != n_rows) {
+                return 0;
+            }
+            // SAFETY: as in `dot_1x4`; `groups_ahead` checks the lengths.
+            unsafe {
+                groups_ahead::<I, _, 4>(rows, row_bytes, a[0].len(), n_rows, |i, w, next| {
+                    for (out, sums) in outs.iter_mut().zip(gemv_4rows_n::<I, N>(w, next, a)) {
+                        out[i..i + 4].copy_from_slice(&sums);
+                    }
+                })
+            }
+        }
+
         /// vec_dot takes the min term in four float lanes ([`LaneMins`]); repacked is
         /// [`gemv_n`].
         #[inline]
@@ -279,6 +303,51 @@ avx2! {
             acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), f16x4(b.map(|b| b.dmin)), acc_min);
         }
         lanes(_mm_sub_ps(acc, acc_min))
+    }
+
+    /// [`gemv_4rows_ahead`] for `N` activation rows (a batch of decode streams), each stream's
+    /// four chains bit-identical to its own: the rows' scales, mins and quants are unpacked once
+    /// per super-block for all `N`. Row by row within the super-block (all four chunks of one
+    /// row, then each stream's sum), so that few vectors are live at once.
+    #[inline(always)]
+    unsafe fn gemv_4rows_n<I: Isa, const N: usize>(
+        w: [&[BlockQ4K]; 4],
+        next: Option<[&[BlockQ4K]; 4]>,
+        a: [&[BlockQ8K]; N],
+    ) -> [[f32; 4]; N] {
+        let n = w[0].len();
+        assert!(a.iter().all(|a| a.len() == n), "activations of another width");
+        assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+        assert!(next.is_none_or(|x| x.iter().all(|x| x.len() == n)), "next rows of unequal length");
+        let (mut acc, mut acc_min) = ([_mm_setzero_ps(); N], [_mm_setzero_ps(); N]);
+        for i in 0..n {
+            request_next(next, i);
+            // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+            let b = w.map(|w| w.get_unchecked(i));
+            let y: [&BlockQ8K; N] = std::array::from_fn(|t| a[t].get_unchecked(i));
+            let scales_mins = b.map(|b| k4_scales_mins(b));
+            let mut sums = [[_mm256_setzero_si256(); 4]; N];
+            for r in 0..4 {
+                let chunks = k4_chunks(b[r]);
+                for t in 0..N {
+                    sums[t][r] = k4_scaled_sum_of::<I>(scales_mins[r].0, y[t], &chunks);
+                }
+            }
+            let f16x4 = |h: [[u8; 2]; 4]| {
+                let h = h.map(i16::from_le_bytes);
+                _mm_cvtph_ps(_mm_setr_epi16(h[0], h[1], h[2], h[3], 0, 0, 0, 0))
+            };
+            let (d_w, dmin_w) = (f16x4(b.map(|b| b.d)), f16x4(b.map(|b| b.dmin)));
+            for t in 0..N {
+                let sub_sums = k4_sub_sums(y[t]);
+                let mins = scales_mins.map(|(_, m)| _mm_madd_epi16(m, sub_sums));
+                let mins = _mm_hadd_epi32(_mm_hadd_epi32(mins[0], mins[1]), _mm_hadd_epi32(mins[2], mins[3]));
+                let d_a = _mm_set1_ps(y[t].d());
+                acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum_i32_x4(sums[t])), _mm_mul_ps(d_w, d_a), acc[t]);
+                acc_min[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_mul_ps(dmin_w, d_a), acc_min[t]);
+            }
+        }
+        std::array::from_fn(|t| lanes(_mm_sub_ps(acc[t], acc_min[t])))
     }
 
     /// The repacked order for four activation rows, as `ggml_gemm_q4_K_8x8_q8_K`, which (unlike
