@@ -31,6 +31,7 @@ use super::stop::StopMatcher;
 use super::Slots;
 use crate::grammar::Constraint;
 use crate::model::{decode_batch, Model, Session, MAX_DRAFT, UBATCH};
+use crate::quant::STREAM_GROUP;
 use crate::sampler::{Sampler, TokenLogprob};
 use crate::tokenizer::StreamDecoder;
 
@@ -377,6 +378,7 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>, store: Opti
             let step = slot.step(model, counters);
             slot.end_if_finished(step, shared, slot_count);
         }
+        share_draft_rows(&mut slots);
         decode_round(model, counters, &mut slots);
         for slot in slots.iter_mut().filter(|s| s.decoding) {
             slot.decoding = false;
@@ -384,6 +386,42 @@ fn decode_loop(model: &Model, shared: &Shared, mut slots: Vec<Slot>, store: Opti
             slot.end_if_finished(step, shared, slot_count);
         }
     }
+}
+
+/// Cuts the drafts of the slots decoding this round to [`draft_shares`] of a pass of
+/// [`STREAM_GROUP`] rows.
+fn share_draft_rows(slots: &mut [Slot]) {
+    let wanted: SmallVec<[usize; 8]> = slots.iter().map(Slot::input_len).collect();
+    let shares = draft_shares(&wanted, STREAM_GROUP);
+    for (slot, share) in slots.iter_mut().zip(shares) {
+        if let Some(task) = slot.task.as_mut().filter(|_| slot.decoding) {
+            task.input.truncate(1 + share);
+        }
+    }
+}
+
+/// How many of its drafted tokens each slot keeps, given each slot's input (`inputs[i]`: its
+/// token and its draft, 0 when it does not decode): what fits in `rows` after every slot's own
+/// token, one draft token per slot in turn. A pass of up to [`STREAM_GROUP`] rows reads and
+/// unpacks the weights once for all of them; a row past that costs the arithmetic of another
+/// group, which a draft pays whether its token is taken or not (with four streams and drafts
+/// the aggregate fell by a fifth).
+fn draft_shares(inputs: &[usize], rows: usize) -> SmallVec<[usize; 8]> {
+    let mut room = rows.saturating_sub(inputs.iter().filter(|&&n| n > 0).count());
+    let mut shares: SmallVec<[usize; 8]> = inputs.iter().map(|_| 0).collect();
+    while room > 0 {
+        let before = room;
+        for (share, &n) in shares.iter_mut().zip(inputs) {
+            if room > 0 && n > 1 + *share {
+                *share += 1;
+                room -= 1;
+            }
+        }
+        if room == before {
+            break;
+        }
+    }
+    shares
 }
 
 /// Evaluates the input (last sampled token and draft) of every slot marked `decoding`, as
@@ -776,5 +814,27 @@ impl Task {
             return task.finish(FinishReason::Length, false);
         }
         Step::Continue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::draft_shares;
+
+    /// A pass of four rows: one stream keeps three of its four drafted tokens, two streams one
+    /// each, four streams none; short drafts leave their room to the others; slots that do not
+    /// decode (0) get nothing and take no room.
+    #[test]
+    fn drafts_fill_the_pass_up_to_its_rows_in_turn() {
+        let shares = |inputs: &[usize]| draft_shares(inputs, 4).to_vec();
+        assert_eq!(shares(&[5]), [3]);
+        assert_eq!(shares(&[1]), [0]);
+        assert_eq!(shares(&[5, 5]), [1, 1]);
+        assert_eq!(shares(&[5, 0, 5]), [1, 0, 1]);
+        assert_eq!(shares(&[1, 5]), [0, 2]);
+        assert_eq!(shares(&[2, 5, 5]), [1, 0, 0]);
+        assert_eq!(shares(&[5, 5, 5, 5]), [0, 0, 0, 0]);
+        assert_eq!(shares(&[5, 5, 5, 5, 5]), [0, 0, 0, 0, 0]);
+        assert_eq!(draft_shares(&[5, 5], 8).to_vec(), [3, 3]);
     }
 }

@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 
 use crate::quant::{
     dot_rows_batch, dot_rows_multi, quantize_row_for, vec_dot_type, DotOrder, GgmlType,
+    STREAM_GROUP,
 };
 use crate::threads::{Pool, SharedMut};
 
@@ -171,11 +172,11 @@ pub fn matmul(
             }
             Grouping::Alone => {
                 // Blocks a multiple of 4 rows from the chunk's start, so that each weight row
-                // meets the same (four-row or single) kernel as in a one-row matmul. Up to four
-                // activation rows are one group that reads each block once anyway: then the
+                // meets the same (four-row or single) kernel as in a one-row matmul. Up to
+                // STREAM_GROUP activation rows are one group that reads each block once anyway: then the
                 // whole chunk is one block (a call per 16 KiB and a prefetch stopping at every
                 // block's end made the server's one-stream decode ~30 % slower than `bench`).
-                let block = if n <= 4 {
+                let block = if n <= STREAM_GROUP {
                     range.len()
                 } else {
                     (ALONE_BLOCK_BYTES / w.row_bytes).max(4).next_multiple_of(4)
@@ -184,9 +185,9 @@ pub fn matmul(
                 while start < range.end {
                     let rows = start..(start + block).min(range.end);
                     let weights = weights_of(&rows);
-                    // Up to four activation rows share each unpacked weight block.
-                    for t0 in (0..n).step_by(4) {
-                        let ts = t0..(t0 + 4).min(n);
+                    // Up to STREAM_GROUP activation rows share each unpacked weight block.
+                    for t0 in (0..n).step_by(STREAM_GROUP) {
+                        let ts = t0..(t0 + STREAM_GROUP).min(n);
                         let acts: SmallVec<[&[u8]; 4]> = ts.clone().map(act).collect();
                         let mut outs: SmallVec<[&mut [f32]; 4]> =
                             ts.map(|t| out_of(t, &rows)).collect();

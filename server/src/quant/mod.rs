@@ -482,6 +482,10 @@ pub fn dot_rows_batch(
     }
 }
 
+/// The most activation rows [`dot_rows_multi`] puts through one group of kernels, each weight
+/// block read and unpacked once for all of them.
+pub const STREAM_GROUP: usize = 4;
+
 /// [`dot_rows`] for several activation rows at once (a batch of decode streams, or the tokens a
 /// speculative step verifies): `outs[t][i]` = row i · `acts[t]`, **bit-identical** to
 /// `dot_rows(w, order, n, rows, acts[t], outs[t])` for every t and every order, so a stream's
@@ -492,6 +496,9 @@ pub fn dot_rows_batch(
 ///
 /// Panics when `acts` and `outs` differ in length or a row does not hold `n` values (a caller
 /// bug, as for [`dot_rows`]).
+///
+/// A group is at most [`STREAM_GROUP`] rows: past that, each further group costs the
+/// arithmetic of a pass of its own over the same weights.
 pub fn dot_rows_multi(
     w: GgmlType,
     order: DotOrder,
@@ -516,7 +523,7 @@ pub fn dot_rows_multi(
         acts,
         outs,
     );
-    for (acts, outs) in acts.chunks(4).zip(outs.chunks_mut(4)) {
+    for (acts, outs) in acts.chunks(STREAM_GROUP).zip(outs.chunks_mut(STREAM_GROUP)) {
         with_isa!(I => with_weight!(w, W => match acts.len() {
             1 => dot_rows(w, order, n, rows, acts[0], outs[0]),
             2 => rows_n_in::<W, I, 2>(order, row_bytes, rows, acts, outs),
