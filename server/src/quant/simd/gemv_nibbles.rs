@@ -88,8 +88,7 @@ pub unsafe fn rows_n<I: Isa, B: NibbleBlock, const N: usize>(
     a: [&[BlockQ8_0]; N],
     outs: &mut [&mut [f32]],
 ) -> usize {
-    let n = a[0].len();
-    let n_rows = outs[0].len();
+    let (n, n_rows) = (a[0].len(), outs.first().map_or(0, |o| o.len()));
     if n > ROWS_MAX_BLOCKS
         || outs.len() != N
         || a.iter().any(|a| a.len() != n)
