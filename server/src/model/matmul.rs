@@ -173,8 +173,8 @@ pub fn matmul(
             Grouping::Alone => {
                 // Blocks a multiple of 4 rows from the chunk's start, so that each weight row
                 // meets the same (four-row or single) kernel as in a one-row matmul. Up to
-                // STREAM_GROUP activation rows are one group that reads each block once anyway: then the
-                // whole chunk is one block (a call per 16 KiB and a prefetch stopping at every
+                // STREAM_GROUP activation rows are one group that reads each block once anyway:
+                // then the whole chunk is one block (a call per 16 KiB and a prefetch stopping at every
                 // block's end made the server's one-stream decode ~30 % slower than `bench`).
                 let block = if n <= STREAM_GROUP {
                     range.len()

@@ -562,10 +562,10 @@ fn rows_n_in<W: Kernels<I>, I: Isa, const N: usize>(
 /// start again seldom.
 const SLAB_BYTES: usize = 64 << 10;
 
-/// A [`Kernels::rows_xn`] in the repacked order for a format whose fast mat-vec there has no
-/// form for several activation rows (Q4_0's and IQ4_NL's eight-row `gemv_nibbles`), and whose
-/// one-row dot costs a horizontal sum per block (row by row, a pass of several streams cost more
-/// than as many single passes): each activation row takes [`dot_rows`]' own mat-vec
+/// A [`Kernels::rows_xn`] in the repacked order for rows that a format's several-stream
+/// mat-vec cannot take (Q4_0's and IQ4_NL's rows wider than `gemv_nibbles::rows_n`'s table),
+/// where the one-row dot costs a horizontal sum per block (row by row, a pass of several streams
+/// cost more than as many single passes): each activation row takes [`dot_rows`]' own mat-vec
 /// ([`gemv_of`]) over one slab of rows after the other, the slab read from memory by the first
 /// and from cache by the rest. Exact however the rows are split, as every row is its own
 /// [`Kernels::dot_1x1`] in this order. Writes every row; returns their count.
