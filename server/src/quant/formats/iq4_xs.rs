@@ -146,7 +146,7 @@ avx2! {
     impl panel_tiled::TiledBlock for BlockIq4Xs {
         const SUB_LEN: usize = 32;
         const OFFSET: i32 = 128;
-        const AVX2: bool = true;
+        const AVX2: panel_tiled::Avx2Quants = panel_tiled::Avx2Quants::Signed;
 
         #[inline(always)]
         fn d(&self) -> [u8; 2] {

@@ -96,11 +96,11 @@ avx2! {
         }
     }
 
-    /// What the tiled GEMM with weight rows in the lanes reads ([`panel_tiled`]; VNNI only).
+    /// What the tiled GEMM with weight rows in the lanes reads ([`panel_tiled`]).
     impl panel_tiled::TiledBlock for BlockQ6K {
         const SUB_LEN: usize = 16;
         const OFFSET: i32 = 32;
-        const AVX2: bool = false;
+        const AVX2: panel_tiled::Avx2Quants = panel_tiled::Avx2Quants::Offset;
 
         #[inline(always)]
         fn d(&self) -> [u8; 2] {
@@ -245,8 +245,7 @@ avx2! {
             }
         }
 
-        /// [`panel_tiled::rows`]: the tiled order as a GEMM with weight rows in the lanes (VNNI;
-        /// on AVX2 it declines and the groups take [`tiled_rows`]).
+        /// [`panel_tiled::rows`]: the tiled order as a GEMM with weight rows in the lanes.
         #[inline]
         fn rows_xbatch(
             rows: &[u8],

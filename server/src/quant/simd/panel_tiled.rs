@@ -18,13 +18,17 @@
 //!   1..=241; Q6_K: as stored, 0..=63, i.e. + 32) by broadcast activation quads, starting from
 //!   `-offset·Σa_s`, gives `S_s = Σ v·a` exactly (no saturation); one `vpmulld` by the row's
 //!   scale then adds `scale_s·S_s` to the super-block's i32 total.
-//! - AVX2, IQ4_XS only: `maddubs` needs an unsigned operand whose pair sums fit i16, which `v + 128` breaks
-//!   (241·127·2), so the signs move to the activations as in ggml: `maddubs(|v|, a·sgn v)` (the
-//!   grid has no zero, and Q8_K activations are never -128), pairs within ±32258; then `madd` by
-//!   the row's scale in both i16 halves of its lane applies the scale to the pair sums for free.
-//!
-//!   Q6_K on AVX2 keeps its row kernel: there `maddubs` of the stored quants and one `madd`
-//!   by the scale already take 32 values per pair of instructions, as this would.
+//! - AVX2, IQ4_XS ([`Avx2Quants::Signed`]): `maddubs` needs an unsigned operand whose pair sums
+//!   fit i16, which `v + 128` breaks (241·127·2), so the signs move to the activations as in
+//!   ggml: `maddubs(|v|, a·sgn v)` (the grid has no zero, and Q8_K activations are never -128),
+//!   pairs within ±32258; then `madd` by the row's scale in both i16 halves of its lane applies
+//!   the scale to the pair sums for free.
+//! - AVX2, Q6_K ([`Avx2Quants::Offset`]): the stored quants (0..=63) are unsigned already, so
+//!   `maddubs` takes them as they are; its pair sums (within ±16002) of two quads add up in i16
+//!   before one `madd` by the scale, and the offset comes off once per super-block and lane,
+//!   `-32·Σ_s scale_s·bsum_s`, as one `madd` per two sub-blocks (`-32·scale` and the bsums are
+//!   both within i16). Two and a half instructions per quad and activation row, where the row
+//!   kernel takes two multiplies per 32 values of one row plus its unpack and horizontal sums.
 //!
 //! Each output is the tiled order's chain exactly: per super-block the integer total
 //! `Σ_s scale_s·(v·a)_s` (the same integer however it is summed), converted once, multiplied by
@@ -53,6 +57,16 @@ const QUADS: usize = QK_K / 4;
 /// The most sub-blocks a super-block has (Q6_K's sixteen).
 const MAX_SUBS: usize = 16;
 
+/// How the AVX2 micro-kernel multiplies a format's quants (VNNI has one way for all,
+/// `vpdpbusd` on the unsigned quants).
+pub enum Avx2Quants {
+    /// Signed quants, |v| ≤ 127 and never 0, scales within i16: `maddubs(|v|, a·sgn v)`.
+    Signed,
+    /// Quants plus [`TiledBlock::OFFSET`], below 64, in sub-blocks of 16 (one Q8_K bsum each):
+    /// `maddubs(v + offset, a)`, two quads summed in i16, and the offset taken off per
+    /// super-block from the bsums.
+    Offset,
+}
 
 /// A mins-free K-quant super-block as this GEMM reads it: sub-blocks of `SUB_LEN` values, each
 /// with an integer scale, whose total the tiled order scales by the f16 `d`.
@@ -61,24 +75,25 @@ pub trait TiledBlock: Block {
     const SUB_LEN: usize;
     /// What [`TiledBlock::quants`] adds to each value under VNNI (its quants then unsigned).
     const OFFSET: i32;
-    /// Whether the AVX2 form serves it (signed quants, |v| ≤ 127, never 0; scales within i16).
-    const AVX2: bool;
+    /// How the AVX2 micro-kernel multiplies its quants.
+    const AVX2: Avx2Quants;
     fn d(&self) -> [u8; 2];
     /// The 256 values in element order, 32 per register: plus [`TiledBlock::OFFSET`] as
-    /// unsigned bytes for VNNI, signed for AVX2.
+    /// unsigned bytes for VNNI and [`Avx2Quants::Offset`], signed for [`Avx2Quants::Signed`].
     unsafe fn quants<I: Isa>(&self) -> [__m256i; 8];
     /// The sub-blocks' scales as i32, lane s of register h holding sub-block 8h + s's.
     unsafe fn scales_i32(&self) -> [__m256i; 2];
 }
 
-/// Whether [`gemm`] serves blocks `B` on `I`.
-pub const fn serves<I: Isa, B: TiledBlock>() -> bool {
-    I::VNNI || B::AVX2
+/// Whether `I`'s micro-kernel is the AVX2 one for [`Avx2Quants::Offset`] quants.
+const fn avx2_offset<I: Isa, B: TiledBlock>() -> bool {
+    const { assert!(!matches!(B::AVX2, Avx2Quants::Offset) || (B::SUB_LEN == 16 && B::OFFSET <= 32)) };
+    !I::VNNI && matches!(B::AVX2, Avx2Quants::Offset)
 }
 
 /// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of a mins-free
-/// K-quant: [`gemm`] in the tiled order where [`serves`] says so, with at least [`MIN_ACTS`]
-/// activation rows; otherwise false, nothing written.
+/// K-quant: [`gemm`] in the tiled order, with at least [`MIN_ACTS`] activation rows; otherwise
+/// false, nothing written.
 #[inline(always)]
 pub fn rows<I: Isa, B: TiledBlock>(
     rows: &[u8],
@@ -87,7 +102,7 @@ pub fn rows<I: Isa, B: TiledBlock>(
     order: DotOrder,
     outs: &mut [&mut [f32]],
 ) -> bool {
-    if order != DotOrder::Tiled || !serves::<I, B>() || acts.len() < MIN_ACTS {
+    if order != DotOrder::Tiled || acts.len() < MIN_ACTS {
         return false;
     }
     // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
@@ -201,10 +216,13 @@ impl ActTable {
 /// A slice of a panel's eight rows, interleaved: per super-block, 64 registers (register c,
 /// lane r: values 4c..4c+4 of row r, as [`TiledBlock::quants`] gives them), per sub-block s the
 /// eight rows' scales (VNNI: an i32 per lane; AVX2: the scale in both i16 halves of the lane,
-/// for `madd`), and the eight rows' `d`.
+/// for `madd`), for [`Avx2Quants::Offset`] per pair of sub-blocks i the rows'
+/// `-offset·scale` of sub-blocks 2i and 2i + 1 in the two i16 halves of the lane, and the
+/// eight rows' `d`.
 struct Panel {
     quads: [MaybeUninit<[__m256i; QUADS]>; SLICE_BLOCKS],
     scales: [MaybeUninit<[__m256i; MAX_SUBS]>; SLICE_BLOCKS],
+    offset_scales: [MaybeUninit<[__m256i; MAX_SUBS / 2]>; SLICE_BLOCKS],
     d: [MaybeUninit<__m256>; SLICE_BLOCKS],
     len: usize,
 }
@@ -214,6 +232,7 @@ impl Panel {
         Panel {
             quads: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
             scales: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
+            offset_scales: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
             d: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
             len: 0,
         }
@@ -231,7 +250,11 @@ impl Panel {
             for g in 0..QK_K / 32 {
                 quads.add(g).write(transpose_8x8(values.map(|v| v[g])));
             }
-            p.scales[j].write(panel_scales::<I, B>(b));
+            let scales = panel_scales::<I, B>(b);
+            if avx2_offset::<I, B>() {
+                p.offset_scales[j].write(offset_scales::<B>(&scales));
+            }
+            p.scales[j].write(scales);
             p.d[j].write(_mm256_cvtph_ps(f16_lanes(b.map(|b| b.d()))));
         }
     }
@@ -253,6 +276,20 @@ unsafe fn panel_scales<I: Isa, B: TiledBlock>(b: [&B; PANEL_ROWS]) -> [__m256i; 
     out
 }
 
+/// Per pair i of sub-blocks, `-offset·scale` of sub-blocks 2i and 2i + 1 in the low and high
+/// i16 of each lane, from the panel's AVX2 `scales` (the scale in both halves). |scale| ≤ 128 and
+/// offset ≤ 32, so the products fit i16.
+#[inline(always)]
+unsafe fn offset_scales<B: TiledBlock>(scales: &[__m256i; MAX_SUBS]) -> [__m256i; MAX_SUBS / 2] {
+    let neg = _mm256_set1_epi16(-B::OFFSET as i16);
+    let low = _mm256_set1_epi32(0xFFFF);
+    std::array::from_fn(|i| {
+        let even = _mm256_and_si256(_mm256_mullo_epi16(scales[2 * i], neg), low);
+        let odd = _mm256_andnot_si256(low, _mm256_mullo_epi16(scales[2 * i + 1], neg));
+        _mm256_or_si256(even, odd)
+    })
+}
+
 /// The micro-kernel: activation rows `k0..k0 + M` against the panel, each register of the panel
 /// loaded once for the `M` rows; per super-block the tiled order's float step.
 #[inline(always)]
@@ -272,12 +309,27 @@ unsafe fn tile<I: Isa, B: TiledBlock, const M: usize>(
             acts.get_unchecked(k0 + t).get_unchecked(first_block + j).qs.as_ptr()
         });
         let mut total = [_mm256_setzero_si256(); M];
+        if avx2_offset::<I, B>() {
+            // -offset·Σ_s scale_s·bsum_s: the bsums of sub-blocks 2i and 2i + 1 are the two
+            // i16 of one little-endian i32, so one broadcast and `madd` take a pair.
+            let offset_scales = panel.offset_scales.get_unchecked(j).assume_init_ref();
+            for (t, total) in total.iter_mut().enumerate() {
+                let bsums =
+                    acts.get_unchecked(k0 + t).get_unchecked(first_block + j).bsums.as_ptr().cast::<i32>();
+                for (i, &os) in offset_scales.iter().enumerate() {
+                    let pair = _mm256_set1_epi32(bsums.add(i).read_unaligned());
+                    *total = _mm256_add_epi32(*total, _mm256_madd_epi16(os, pair));
+                }
+            }
+        }
         for (s, &scale) in scales[..QK_K / B::SUB_LEN].iter().enumerate() {
             let a_s = a.map(|a| a.add(B::SUB_LEN * s));
             let quads = quads.as_ptr().add(B::SUB_LEN / 4 * s);
             if I::VNNI {
                 let base = std::array::from_fn(|t| table.base(k0 + t, j, s));
                 sub_block_vnni::<I, M>(quads, B::SUB_LEN / 4, scale, a_s, base, &mut total);
+            } else if avx2_offset::<I, B>() {
+                sub_block_avx2_offset::<M>(quads, scale, a_s, &mut total);
             } else {
                 sub_block_avx2::<M>(quads, B::SUB_LEN / 4, scale, a_s, &mut total);
             }
@@ -335,6 +387,30 @@ unsafe fn sub_block_avx2<const M: usize>(
         for t in 0..M {
             let a4 = _mm256_set1_epi32(a[t].add(4 * c).cast::<i32>().read_unaligned());
             let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(a4, w));
+            total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(p, scale));
+        }
+    }
+}
+
+/// `total[t] += scale·Σ (v + offset)·a` per lane on AVX2 for a sub-block of four quads of
+/// [`Avx2Quants::Offset`] quants (below 64): `maddubs` of each quad by the activation quad (pairs
+/// within ±63·127·2), two quads' pairs summed in i16 (within ±32004), then `madd` by `scale` (in
+/// both i16 halves of each lane), which sums the pair and scales it. The offset's share is taken
+/// off per super-block in [`tile`].
+#[inline(always)]
+unsafe fn sub_block_avx2_offset<const M: usize>(
+    quads: *const __m256i,
+    scale: __m256i,
+    a: [*const i8; M],
+    total: &mut [__m256i; M],
+) {
+    let broadcast = |a: *const i8| _mm256_set1_epi32(a.cast::<i32>().read_unaligned());
+    for c in [0, 2] {
+        let [w0, w1] = [*quads.add(c), *quads.add(c + 1)];
+        for t in 0..M {
+            let a0 = broadcast(a[t].add(4 * c));
+            let a1 = broadcast(a[t].add(4 * c + 4));
+            let p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, a0), _mm256_maddubs_epi16(w1, a1));
             total[t] = _mm256_add_epi32(total[t], _mm256_madd_epi16(p, scale));
         }
     }
