@@ -3,6 +3,8 @@
 //! block } → output. Nothing here allocates after [`Session::new`] (except
 //! [`Session::eval_all`], a diagnostic).
 
+use std::ops::Range;
+
 use smallvec::SmallVec;
 
 use super::arch::Ffn;
@@ -190,7 +192,14 @@ impl Session {
         for batch in tokens.chunks(UBATCH) {
             let last_batch = done + batch.len() == tokens.len();
             let rows = llama_rows(tokens.len(), done, each.is_some());
-            self.ubatch(m, batch, rows);
+            // The rows whose final hidden states anything reads: every row's logits, the last
+            // token's, or (a batch before the last) none.
+            let wanted = match each {
+                Some(_) => 0..batch.len(),
+                None if last_batch => batch.len() - 1..batch.len(),
+                None => 0..0,
+            };
+            self.ubatch(m, batch, rows, wanted);
             match each.as_mut() {
                 Some(f) => {
                     for t0 in (0..batch.len()).step_by(4) {
@@ -223,8 +232,9 @@ impl Session {
         Ok(())
     }
 
-    /// Runs the layers over one micro-batch, leaving the final hidden states in `s.x`.
-    fn ubatch(&mut self, m: &Model, tokens: &[u32], rows: LlamaRows) {
+    /// Runs the layers over one micro-batch, leaving the final hidden states of rows `wanted`
+    /// in `s.x` (see [`layers`]).
+    fn ubatch(&mut self, m: &Model, tokens: &[u32], rows: LlamaRows, wanted: Range<usize>) {
         let segment = [Segment {
             row0: 0,
             n: tokens.len(),
@@ -239,7 +249,14 @@ impl Session {
             grouping: Grouping::Llama,
             segments: &segment,
         };
-        layers(&b, tokens, rows.outputs, &mut [&mut self.kv], &mut self.s);
+        layers(
+            &b,
+            tokens,
+            rows.outputs,
+            wanted,
+            &mut [&mut self.kv],
+            &mut self.s,
+        );
         self.n_past += b.n;
         self.written = self.written.max(self.n_past);
         self.kept = 0;
@@ -308,7 +325,7 @@ pub fn decode_batch(
         grouping: Grouping::Alone,
         segments,
     };
-    layers(&b, &tokens[..n], 1, &mut kvs, s);
+    layers(&b, &tokens[..n], 1, 0..n, &mut kvs, s);
     drop(kvs);
     // The logits of every row, each session's into its own buffer.
     let mut own = std::mem::take(&mut s.logits);
@@ -328,20 +345,59 @@ pub fn decode_batch(
 }
 
 /// embed → RoPE tables → for each layer { attention block; FFN block }, leaving the final
-/// hidden states in `s.x`. `outputs`: the rows llama.cpp's last feed-forward sees.
-fn layers(b: &Batch, tokens: &[u32], outputs: usize, kvs: &mut [&mut KvCache], s: &mut Scratch) {
+/// hidden states of rows `wanted` in `s.x` (the other rows' are left unfinished). `outputs`: the
+/// rows llama.cpp's last feed-forward sees.
+fn layers(
+    b: &Batch,
+    tokens: &[u32],
+    outputs: usize,
+    wanted: Range<usize>,
+    kvs: &mut [&mut KvCache],
+    s: &mut Scratch,
+) {
     let m = b.m;
     embed(b, tokens, s);
     rope_tables(b, s);
-    let last = m.weights.layers.len() - 1;
-    for (il, l) in m.weights.layers.iter().enumerate() {
+    let (last, rest) = m.weights.layers.split_last().expect("a model has layers");
+    for (il, l) in rest.iter().enumerate() {
         attention::block(b, il, l, kvs, s);
         b.add_residual(s);
-        // llama.cpp runs the last layer's feed-forward on the output rows only.
-        let ffn_rows = if il == last { outputs } else { b.llama_rows };
-        ffn_block(b, l, ffn_rows, s);
+        ffn_block(b, l, b.llama_rows, s);
         b.add_residual(s);
     }
+    attention::block(b, rest.len(), last, kvs, s);
+    b.add_residual(s);
+    last_ffn(b, last, outputs, wanted, s);
+}
+
+/// The last layer's feed-forward on rows `wanted` only: nothing after it reads another row (its
+/// keys and values are in the cache already). llama.cpp too selects the output rows before it
+/// (`inp_out_ids`) and runs it on those, gathered at the front of the batch: so the rows move to
+/// the front of `s.x`, take a batch of their own, and move back.
+fn last_ffn(b: &Batch, l: &Layer, outputs: usize, wanted: Range<usize>, s: &mut Scratch) {
+    if wanted == (0..b.n) {
+        ffn_block(b, l, outputs, s);
+        b.add_residual(s);
+        return;
+    }
+    if wanted.is_empty() {
+        return;
+    }
+    let d = b.m.config.n_embd;
+    let rows = wanted.start * d..wanted.end * d;
+    s.x.copy_within(rows.clone(), 0);
+    let gathered = Batch {
+        m: b.m,
+        n: wanted.len(),
+        n_ctx: b.n_ctx,
+        llama_rows: b.llama_rows,
+        grouping: b.grouping,
+        // The feed-forward asks no row its position.
+        segments: &[],
+    };
+    ffn_block(&gathered, l, outputs, s);
+    gathered.add_residual(s);
+    s.x.copy_within(0..rows.len(), rows.start);
 }
 
 /// A run of consecutive rows of a batch that belong to one session.
