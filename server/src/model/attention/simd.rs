@@ -392,8 +392,11 @@ unsafe fn softmax_f16(x: &mut [f32]) {
     }
 }
 
-/// [`ops::exp_ggml`](crate::model::ops::exp_ggml) on 8 lanes: the same operations, both
-/// branches computed and blended.
+/// [`ops::exp_ggml`](crate::model::ops::exp_ggml) on 8 lanes: the same operations. Where every
+/// lane is in the normal range (|n| ≤ 126) that result is returned at once, as ggml does; only
+/// otherwise are the far-range forms computed and blended. They are not computed regardless:
+/// for n ≤ 0 `s1·s1` underflows, and on Intel every underflowing multiply is a microcode assist
+/// of about a hundred cycles (perf put 80 % of SwiGLU's time on it, 8 % of Llama 1B's prefill).
 #[inline(always)]
 pub(in crate::model) unsafe fn exp8(x: __m256) -> __m256 {
     let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
@@ -417,6 +420,10 @@ pub(in crate::model) unsafe fn exp8(x: __m256) -> __m256 {
     );
     let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
     let normal = _mm256_fmadd_ps(j, k, k);
+    let in_range = _mm256_cmp_ps::<_CMP_LE_OQ>(abs, _mm256_set1_ps(126.0));
+    if _mm256_movemask_ps(in_range) == 0xFF {
+        return normal;
+    }
     let g = _mm256_and_si256(
         _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
         ci(0x8200_0000),
@@ -430,9 +437,5 @@ pub(in crate::model) unsafe fn exp8(x: __m256) -> __m256 {
         big,
         _mm256_cmp_ps::<_CMP_GT_OQ>(abs, _mm256_set1_ps(192.0)),
     );
-    _mm256_blendv_ps(
-        far,
-        normal,
-        _mm256_cmp_ps::<_CMP_LE_OQ>(abs, _mm256_set1_ps(126.0)),
-    )
+    _mm256_blendv_ps(far, normal, in_range)
 }
