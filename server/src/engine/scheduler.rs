@@ -652,7 +652,14 @@ impl Slot {
         let end = (task.prefilled + PREFILL_CHUNK).min(task.prompt_len);
         let chunk = task.prefilled..end;
         task.prefilled = end;
-        if let Err(e) = session.eval(model, &task.history[chunk.clone()]) {
+        // Only the prompt's last chunk needs the logits after it.
+        let tokens = &task.history[chunk.clone()];
+        let evaluated = if end < task.prompt_len {
+            session.extend(model, tokens)
+        } else {
+            session.eval(model, tokens).map(|_| ())
+        };
+        if let Err(e) = evaluated {
             return Step::Finished(Some(End::Failed(JobFailure::Engine(e.to_string()))));
         }
         counters.add_prefill(started.elapsed());

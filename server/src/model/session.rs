@@ -18,7 +18,14 @@ use super::{Config, Model, ModelError};
 use crate::quant::{dequantize_row, DotOrder};
 
 /// Receives the logits after each token when all of them are wanted.
-type LogitsSink<'a> = &'a mut dyn FnMut(usize, &[f32]);
+/// Which logits a [`Session`] evaluation computes.
+enum Logits<'a> {
+    /// After the last token, into the session's buffer.
+    Last,
+    /// After every token, each passed to the sink with its index.
+    Each(&'a mut dyn FnMut(usize, &[f32])),
+    None,
+}
 
 pub struct Session {
     pub(super) n_ctx: usize,
@@ -146,8 +153,15 @@ impl Session {
 
     /// Appends `tokens` at the current position and returns the logits after the last one.
     pub fn eval(&mut self, m: &Model, tokens: &[u32]) -> Result<&[f32], ModelError> {
-        self.forward(m, tokens, None)?;
+        self.forward(m, tokens, Logits::Last)?;
         Ok(self.logits())
+    }
+
+    /// Appends `tokens` at the current position and computes no logits (a prompt's chunk before
+    /// its last): [`Session::logits`] is stale until the next [`Session::eval`]. It saves the
+    /// output matrix's pass, on the default model the largest matrix (262144 rows).
+    pub fn extend(&mut self, m: &Model, tokens: &[u32]) -> Result<(), ModelError> {
+        self.forward(m, tokens, Logits::None)
     }
 
     /// Like [`Session::eval`], but computes the logits after every token and passes them to
@@ -158,15 +172,10 @@ impl Session {
         tokens: &[u32],
         each: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), ModelError> {
-        self.forward(m, tokens, Some(each))
+        self.forward(m, tokens, Logits::Each(each))
     }
 
-    fn forward(
-        &mut self,
-        m: &Model,
-        tokens: &[u32],
-        mut each: Option<LogitsSink>,
-    ) -> Result<(), ModelError> {
+    fn forward(&mut self, m: &Model, tokens: &[u32], mut want: Logits) -> Result<(), ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);
         }
@@ -183,7 +192,7 @@ impl Session {
         }
         // llama.cpp computes all of a batch's logits in one matmul, whose repacked kernels sum
         // groups of 4 tokens in another order than single ones (see `matmul`): so do we.
-        let mut group = if each.is_some() {
+        let mut group = if matches!(want, Logits::Each(_)) {
             vec![0f32; 4 * n_vocab]
         } else {
             Vec::new()
@@ -191,17 +200,17 @@ impl Session {
         let mut done = 0;
         for batch in tokens.chunks(UBATCH) {
             let last_batch = done + batch.len() == tokens.len();
-            let rows = llama_rows(tokens.len(), done, each.is_some());
+            let rows = llama_rows(tokens.len(), done, matches!(want, Logits::Each(_)));
             // The rows whose final hidden states anything reads: every row's logits, the last
-            // token's, or (a batch before the last) none.
-            let wanted = match each {
-                Some(_) => 0..batch.len(),
-                None if last_batch => batch.len() - 1..batch.len(),
-                None => 0..0,
+            // token's, or none.
+            let wanted = match want {
+                Logits::Each(_) => 0..batch.len(),
+                Logits::Last if last_batch => batch.len() - 1..batch.len(),
+                _ => 0..0,
             };
             self.ubatch(m, batch, rows, wanted);
-            match each.as_mut() {
-                Some(f) => {
+            match &mut want {
+                Logits::Each(f) => {
                     for t0 in (0..batch.len()).step_by(4) {
                         let ts = t0..(t0 + 4).min(batch.len());
                         let out = Outs::contiguous(&mut group, ts.len(), n_vocab);
@@ -218,14 +227,14 @@ impl Session {
                         }
                     }
                 }
-                None if last_batch => {
+                Logits::Last if last_batch => {
                     let mut out = std::mem::take(&mut self.s.logits);
                     let last = batch.len() - 1;
                     let outs = Outs::contiguous(&mut out, 1, n_vocab);
                     logits(&mut self.s, m, last..last + 1, outs, 1, Grouping::Llama);
                     self.s.logits = out;
                 }
-                None => {}
+                _ => {}
             }
             done += batch.len();
         }
@@ -659,6 +668,26 @@ mod tests {
         assert_eq!(cached.reusable(&m, &whole[..11]), 0);
         cached.clear();
         assert_eq!(cached.reusable(&m, &whole), 0);
+    }
+
+    /// A chunk evaluated without logits (whose last layer's feed-forward runs on no row) leaves
+    /// the cache as one evaluated with them: the next chunk's logits are the same bits. Three
+    /// micro-batches in the first chunk, so the skipped feed-forward covers whole ones too.
+    #[test]
+    fn a_chunk_extended_without_logits_leaves_the_same_cache() {
+        let m = Model::load(
+            &test_support::synth("synth-llama-q4_0.gguf"),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        let (head, tail) = (tokens(2 * UBATCH + 9, 4), tokens(7, 5));
+        let mut evaluated = m.new_session(256);
+        evaluated.eval(&m, &head).unwrap();
+        let want = evaluated.eval(&m, &tail).unwrap().to_vec();
+        let mut extended = m.new_session(256);
+        extended.extend(&m, &head).unwrap();
+        assert_eq!(extended.n_past(), head.len());
+        assert!(extended.eval(&m, &tail).unwrap() == &want[..]);
     }
 
     #[test]
