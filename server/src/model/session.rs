@@ -17,7 +17,6 @@ use super::weights::{Layer, Mat, Weights};
 use super::{Config, Model, ModelError};
 use crate::quant::{dequantize_row, DotOrder};
 
-/// Receives the logits after each token when all of them are wanted.
 /// Which logits a [`Session`] evaluation computes.
 enum Logits<'a> {
     /// After the last token, into the session's buffer.
