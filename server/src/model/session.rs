@@ -366,16 +366,17 @@ fn layers(
     let m = b.m;
     embed(b, tokens, s);
     rope_tables(b, s);
-    let (last, rest) = m.weights.layers.split_last().expect("a model has layers");
-    for (il, l) in rest.iter().enumerate() {
+    let last = m.weights.layers.len() - 1;
+    for (il, l) in m.weights.layers.iter().enumerate() {
         attention::block(b, il, l, kvs, s);
         b.add_residual(s);
-        ffn_block(b, l, b.llama_rows, s);
-        b.add_residual(s);
+        if il == last {
+            last_ffn(b, l, outputs, wanted.clone(), s);
+        } else {
+            ffn_block(b, l, b.llama_rows, s);
+            b.add_residual(s);
+        }
     }
-    attention::block(b, rest.len(), last, kvs, s);
-    b.add_residual(s);
-    last_ffn(b, last, outputs, wanted, s);
 }
 
 /// The last layer's feed-forward on rows `wanted` only: nothing after it reads another row (its
