@@ -142,10 +142,10 @@ pub fn matmul(
     // Enough chunks for dynamic balancing (four per thread), few enough that the shared
     // counter stays cold and each chunk's stream of weights, whose first lines no earlier
     // request has asked for, runs long: sixteen per thread decoded measurably slower at two
-    // threads on 1B shapes, prefill unchanged. At least 64 KiB of weights each: smaller matrices run on
-    // the calling thread, where waking a worker would cost more than it saves. A multiple of 8
-    // rows, so every row but a matrix's last few goes through the four-row kernels, and
-    // prefill's GEMM (quant/simd/panel.rs) gets whole panels of eight.
+    // threads on 1B shapes, prefill unchanged. At least 64 KiB of weights each: smaller
+    // matrices run on the calling thread, where waking a worker would cost more than it saves. A
+    // multiple of 8 rows, so every row but a matrix's last few goes through the four-row
+    // kernels, and prefill's GEMM (quant/simd/panel.rs) gets whole panels of eight.
     let chunk = (rows / (pool.threads() * 4))
         .clamp(16, 4096)
         .max((64 << 10) / w.row_bytes)
@@ -174,8 +174,9 @@ pub fn matmul(
                 // Blocks a multiple of 4 rows from the chunk's start, so that each weight row
                 // meets the same (four-row or single) kernel as in a one-row matmul. Up to
                 // STREAM_GROUP activation rows are one group that reads each block once anyway:
-                // then the whole chunk is one block (a call per 16 KiB and a prefetch stopping at every
-                // block's end made the server's one-stream decode ~30 % slower than `bench`).
+                // then the whole chunk is one block (a call per 16 KiB and a prefetch stopping
+                // at every block's end made the server's one-stream decode ~30 % slower than
+                // `bench`).
                 let block = if n <= STREAM_GROUP {
                     range.len()
                 } else {

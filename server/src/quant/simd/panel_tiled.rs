@@ -4,13 +4,13 @@
 //! The tiled row kernels (`tiled_rows_x8` in `formats/iq4_xs.rs`, `tiled_rows` in
 //! `formats/q6_k.rs`) hold 32 values of one weight row per register and need, per super-block
 //! and (weight row, activation row), a horizontal reduction of eight i32 lanes; their
-//! multiply-adds take i16 operands (16 products per instruction). Here eight weight rows share a register instead: lane r holds four consecutive
-//! quants of row r, and one multiply-add of that register by four activation bytes broadcast to
-//! every lane advances all eight rows' sub-block sums at once (32 products per instruction), so
-//! each lane ends the super-block holding its row's integer total, no horizontal step. As in
-//! `panel`, a slice of eight rows ("a panel") is transposed into a small stack buffer per call
-//! and read by every activation row of the call (prefill's micro-batch): the weights stay
-//! zero-copy and the buffer stays in L1.
+//! multiply-adds take i16 operands (16 products per instruction). Here eight weight rows share
+//! a register instead: lane r holds four consecutive quants of row r, and one multiply-add of
+//! that register by four activation bytes broadcast to every lane advances all eight rows'
+//! sub-block sums at once (32 products per instruction), so each lane ends the super-block
+//! holding its row's integer total, no horizontal step. As in `panel`, a slice of eight rows ("a
+//! panel") is transposed into a small stack buffer per call and read by every activation row of
+//! the call (prefill's micro-batch): the weights stay zero-copy and the buffer stays in L1.
 //!
 //! Per sub-block s (IQ4_XS: 32 values, scale `ls_s - 32`; Q6_K: 16 values, a signed byte scale)
 //! and lane:
