@@ -78,28 +78,38 @@ pub(super) fn pass(
         let q: [*const f32; MAX_ROWS] = std::array::from_fn(|j| qs.as_ptr().add(j.min(nr) * hd));
         let sc: [*mut f32; MAX_ROWS] =
             std::array::from_fn(|j| scores.as_mut_ptr().add(j.min(nr) * row_len));
-        let key = |p: usize| kv.k.as_ptr().add(kv.cell(p) * h.kvd + koff);
         let out = |j: usize, p: usize| sc[j].add(p - base0);
         let post = h.post;
-        match (h.dot, nr) {
-            (F16Dot::TinyBlas, 4) => score_cells::<4, 2, 1>(&q, hd, lo, hi, key, out, post),
-            (F16Dot::TinyBlas, 3) => score_cells::<3, 2, 1>(&q, hd, lo, hi, key, out, post),
-            (F16Dot::TinyBlas, 2) => score_cells::<2, 4, 1>(&q, hd, lo, hi, key, out, post),
-            (F16Dot::TinyBlas, 1) => score_cells::<1, 8, 1>(&q, hd, lo, hi, key, out, post),
-            (F16Dot::VecDot, _) => {
-                let mut j = 0;
-                while j + 2 <= nr {
-                    let q2 = [q[j], q[j + 1]];
-                    let o2 = |r: usize, p: usize| out(j + r, p);
-                    score_cells::<2, 1, 4>(&q2, hd, lo, hi, key, o2, post);
-                    j += 2;
+        // Cell by cell within runs that do not wrap the ring: a key's address is a stride on,
+        // not a division away.
+        for (from, to) in runs(lo, hi + 1, kv.cells, hi + 1 - lo) {
+            let k = kv.k.as_ptr().add(kv.cell(from) * h.kvd + koff);
+            let keys = Keys {
+                from,
+                to,
+                k,
+                stride: h.kvd,
+            };
+            match (h.dot, nr) {
+                (F16Dot::TinyBlas, 4) => score_cells::<4, 2, 1>(&q, hd, &keys, out, post),
+                (F16Dot::TinyBlas, 3) => score_cells::<3, 2, 1>(&q, hd, &keys, out, post),
+                (F16Dot::TinyBlas, 2) => score_cells::<2, 4, 1>(&q, hd, &keys, out, post),
+                (F16Dot::TinyBlas, 1) => score_cells::<1, 8, 1>(&q, hd, &keys, out, post),
+                (F16Dot::VecDot, _) => {
+                    let mut j = 0;
+                    while j + 2 <= nr {
+                        let q2 = [q[j], q[j + 1]];
+                        let o2 = |r: usize, p: usize| out(j + r, p);
+                        score_cells::<2, 1, 4>(&q2, hd, &keys, o2, post);
+                        j += 2;
+                    }
+                    if j < nr {
+                        let o1 = |_: usize, p: usize| out(j, p);
+                        score_cells::<1, 2, 4>(&[q[j]], hd, &keys, o1, post);
+                    }
                 }
-                if j < nr {
-                    let o1 = |_: usize, p: usize| out(j, p);
-                    score_cells::<1, 2, 4>(&[q[j]], hd, lo, hi, key, o1, post);
-                }
+                _ => {}
             }
-            _ => {}
         }
         for (j, r) in rows.iter().enumerate() {
             let (base, len) = (r.base(lanes), r.len(lanes));
@@ -220,43 +230,53 @@ unsafe fn hsum32(a: [__m256; 4]) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u)))
 }
 
-/// Scores of R rows against every cell of `lo..=hi`, C cells at a time (R·C·A chains in
-/// flight), with A 8-lane accumulators per chain (A = 1: 8 lanes, A = 4: 32 lanes).
+/// The keys of positions `from..to`, whose cells follow each other: position `from`'s at `k`,
+/// the next ones `stride` apart.
+struct Keys {
+    from: usize,
+    to: usize,
+    k: *const f16,
+    stride: usize,
+}
+
+/// Scores of R rows against every key of `keys`, C cells at a time (R·C·A chains in flight),
+/// with A 8-lane accumulators per chain (A = 1: 8 lanes, A = 4: 32 lanes).
 #[inline(always)]
 unsafe fn score_cells<const R: usize, const C: usize, const A: usize>(
     q: &[*const f32],
     hd: usize,
-    lo: usize,
-    hi: usize,
-    key: impl Fn(usize) -> *const f16,
+    keys: &Keys,
     out: impl Fn(usize, usize) -> *mut f32,
     post: f32,
 ) {
-    let mut p = lo;
-    while p + C <= hi + 1 {
+    let key = |p: usize| keys.k.add((p - keys.from) * keys.stride);
+    let mut p = keys.from;
+    while p + C <= keys.to {
         let k: [*const f16; C] = std::array::from_fn(|c| key(p + c));
-        let s = dots::<R, C, A>(q, k, hd);
+        let s = dots::<R, C, A>(q, k, hd, post);
         for (r, s) in s.iter().enumerate() {
             for (c, &s) in s.iter().enumerate() {
-                *out(r, p + c) = s * post;
+                *out(r, p + c) = s;
             }
         }
         p += C;
     }
-    while p <= hi {
-        let s = dots::<R, 1, A>(q, [key(p)], hd);
+    while p < keys.to {
+        let s = dots::<R, 1, A>(q, [key(p)], hd, post);
         for (r, s) in s.iter().enumerate() {
-            *out(r, p) = s[0] * post;
+            *out(r, p) = s[0];
         }
         p += 1;
     }
 }
 
+/// The R·C dot products of `q` and `k`, each times `post`.
 #[inline(always)]
 unsafe fn dots<const R: usize, const C: usize, const A: usize>(
     q: &[*const f32],
     k: [*const f16; C],
     hd: usize,
+    post: f32,
 ) -> [[f32; C]; R] {
     let mut acc = [[[_mm256_setzero_ps(); A]; C]; R];
     let mut s = 0;
@@ -273,6 +293,23 @@ unsafe fn dots<const R: usize, const C: usize, const A: usize>(
         s += 8 * A;
     }
     // The scalar dot adds its (empty) f64 tail: `+ 0.0` keeps its sign of zero.
+    if A == 1 && R * C <= 8 {
+        // Eight chains reduced together, as lanes of one vector.
+        let v: [__m256; 8] = std::array::from_fn(|i| {
+            if i < R * C {
+                acc[i / C][i % C][0]
+            } else {
+                _mm256_setzero_ps()
+            }
+        });
+        let sums = _mm256_add_ps(hsum8_each(v), _mm256_setzero_ps());
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(
+            lanes.as_mut_ptr(),
+            _mm256_mul_ps(sums, _mm256_set1_ps(post)),
+        );
+        return std::array::from_fn(|r| std::array::from_fn(|c| lanes[r * C + c]));
+    }
     std::array::from_fn(|r| {
         std::array::from_fn(|c| {
             let sum = if A == 1 {
@@ -280,9 +317,40 @@ unsafe fn dots<const R: usize, const C: usize, const A: usize>(
             } else {
                 hsum32([acc[r][c][0], acc[r][c][1], acc[r][c][2], acc[r][c][3]])
             };
-            sum + 0.0
+            (sum + 0.0) * post
         })
     })
+}
+
+/// Lane i = [`hsum8`] of `v[i]`, the same additions in the same order (each pair's operands
+/// may be swapped, which IEEE addition does not notice): all eight as 21 shuffles and adds in
+/// place of eight reductions of six each.
+#[inline(always)]
+unsafe fn hsum8_each(v: [__m256; 8]) -> __m256 {
+    // Pairs (a, b) to [ta | tb] with t_i = x_i + x_{i+4}: the 128-bit halves added.
+    let t = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    // Lanes 0..4 of the result come from v[0], v[2], v[4], v[6] and 4..8 from the odd ones,
+    // so feed them interleaved to get v's order back.
+    let (ab, cd) = (t(v[0], v[4]), t(v[1], v[5]));
+    let (ef, gh) = (t(v[2], v[6]), t(v[3], v[7]));
+    // [ta | tb], [tc | td] to [ua0 ua1 uc0 uc1 | ub0 ub1 ud0 ud1], u0 = t0 + t2, u1 = t1 + t3.
+    let u = |x: __m256, y: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm256_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
+    };
+    let (abcd, efgh) = (u(ab, cd), u(ef, gh));
+    // u0 + u1 of each: [a c e g | b d f h].
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(abcd, efgh),
+        _mm256_shuffle_ps::<0b11_01_11_01>(abcd, efgh),
+    )
 }
 
 /// Value lanes of N rows over `n` consecutive cells, the first at position `from` (its values
