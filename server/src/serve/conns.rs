@@ -1,7 +1,8 @@
 //! The open connections, counted per client ([`client_key`]) and in all, and what each one is
 //! doing: when it last moved a byte, and whether it has a request in hand. The accept loop asks
 //! [`Conns::admit`] about every new connection: past the per-client cap it is refused; at the
-//! global cap an idle connection of the client holding the most gives way to it (half-sent
+//! global cap an idle connection (one the server has read from) of the client holding the most
+//! gives way to it (half-sent
 //! headers, a TLS handshake, keep-alive between requests: nothing is lost), and only when no
 //! connection can give way is the newcomer refused.
 //!
@@ -100,7 +101,7 @@ impl Conns {
             let victim = table
                 .open
                 .values()
-                .filter(|c| !c.is_busy())
+                .filter(|c| c.looked_at() && !c.is_busy())
                 .map(|c| (table.count(&c.key), std::cmp::Reverse(c.last_io()), c))
                 .filter(|(n, _, _)| *n > mine)
                 .max_by_key(|(n, last, _)| (*n, *last))
@@ -118,6 +119,7 @@ impl Conns {
             key,
             started: Instant::now(),
             last_io: AtomicU64::new(0),
+            looked_at: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
             write_stalled: AtomicBool::new(false),
             evicted: Notify::new(),
@@ -156,6 +158,10 @@ pub struct ConnState {
     pub started: Instant,
     /// Milliseconds after `started` when a byte last moved either way.
     last_io: AtomicU64,
+    /// Whether the server has tried to read from it yet. Until then it is not idle but unheard:
+    /// in a flood the accept loop can admit (and evict) hundreds of connections before a task
+    /// reads the request an honest client sent with its first packet.
+    looked_at: AtomicBool,
     /// Requests received whole and not yet answered to the last byte.
     busy: AtomicUsize,
     /// An answer waits for the client to read (a write could not proceed).
@@ -168,6 +174,11 @@ impl ConnState {
     fn touch(&self) {
         let ms = self.started.elapsed().as_millis() as u64;
         self.last_io.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// Whether a read has been tried: only then can the connection give way to another.
+    fn looked_at(&self) -> bool {
+        self.looked_at.load(Ordering::Relaxed)
     }
 
     fn last_io_ms(&self) -> u64 {
@@ -342,6 +353,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for TimedIo<S> {
         if buf.filled().len() > before {
             self.state.touch();
         }
+        self.state.looked_at.store(true, Ordering::Relaxed);
         polled
     }
 }
@@ -390,6 +402,13 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// Admits a connection from `ip` whose socket the server has then read from.
+    fn admit_read(conns: &Arc<Conns>, ip: std::net::IpAddr) -> Result<Slot, Refusal> {
+        let slot = conns.admit(ip)?;
+        slot.state.looked_at.store(true, Ordering::Relaxed);
+        Ok(slot)
+    }
+
     #[test]
     fn per_client_cap_counts_a_slash_64_as_one() {
         let conns = Conns::new(10, 2);
@@ -412,11 +431,11 @@ mod tests {
     fn at_the_cap_the_heaviest_idle_client_gives_way_and_busy_ones_never() {
         let conns = Conns::new(4, 3);
         let heavy: Vec<Slot> = (0..3)
-            .map(|_| conns.admit(ip("10.0.0.1")).unwrap())
+            .map(|_| admit_read(&conns, ip("10.0.0.1")).unwrap())
             .collect();
-        let light = conns.admit(ip("10.0.0.2")).unwrap();
+        let light = admit_read(&conns, ip("10.0.0.2")).unwrap();
         // A newcomer pushes out one of the heavy client's idle connections.
-        let newcomer = conns.admit(ip("10.0.0.3")).unwrap();
+        let newcomer = admit_read(&conns, ip("10.0.0.3")).unwrap();
         let evicted: Vec<&Slot> = heavy
             .iter()
             .filter(|s| !conns.lock().open.contains_key(&s.state.id))
@@ -433,14 +452,20 @@ mod tests {
                 m
             })
             .collect();
-        assert_eq!(conns.admit(ip("10.0.0.4")).err(), Some(Refusal::Full));
+        assert_eq!(
+            admit_read(&conns, ip("10.0.0.4")).err(),
+            Some(Refusal::Full)
+        );
         drop(marks);
         // Idle again: 10.0.0.1 holds 2, more than the newcomer's 0.
-        let _n = conns.admit(ip("10.0.0.4")).unwrap();
+        let _n = admit_read(&conns, ip("10.0.0.4")).unwrap();
         // A second idle one of 10.0.0.1 went; now every client holds one: nobody gives way to
         // a client that holds one already, but does to one that holds none.
-        assert_eq!(conns.admit(ip("10.0.0.2")).err(), Some(Refusal::Full));
-        let _m = conns.admit(ip("10.0.0.5")).unwrap();
+        assert_eq!(
+            admit_read(&conns, ip("10.0.0.2")).err(),
+            Some(Refusal::Full)
+        );
+        let _m = admit_read(&conns, ip("10.0.0.5")).unwrap();
         assert_eq!(conns.open(), 4);
     }
 
@@ -451,14 +476,36 @@ mod tests {
     #[test]
     fn a_connection_accepted_a_moment_ago_is_not_the_stalest() {
         let conns = Conns::new(2, 3);
-        let old = conns.admit(ip("10.0.0.1")).unwrap();
+        let old = admit_read(&conns, ip("10.0.0.1")).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         old.state.touch();
         std::thread::sleep(Duration::from_millis(40));
-        let fresh = conns.admit(ip("10.0.0.2")).unwrap();
-        let _newcomer = conns.admit(ip("10.0.0.3")).unwrap();
+        let fresh = admit_read(&conns, ip("10.0.0.2")).unwrap();
+        let _newcomer = admit_read(&conns, ip("10.0.0.3")).unwrap();
         let table = conns.lock();
         assert!(!table.open.contains_key(&old.state.id));
         assert!(table.open.contains_key(&fresh.state.id));
+    }
+
+    /// A connection the server has not read from yet is not idle, however stale it looks: in a
+    /// flood the accept loop runs ahead of the connection tasks, and an honest client's request
+    /// sent with its first packet was pushed out unread (a bystander's probe was reset in
+    /// `hostile_conn::slow_headers_and_bodies_from_many_addresses_queue_nobody`).
+    #[test]
+    fn a_connection_not_yet_read_from_never_gives_way() {
+        let conns = Conns::new(2, 3);
+        let unread = conns.admit(ip("10.0.0.1")).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let read = admit_read(&conns, ip("10.0.0.2")).unwrap();
+        read.state.touch();
+        let newcomer = conns.admit(ip("10.0.0.3")).unwrap();
+        let table = conns.lock();
+        assert!(table.open.contains_key(&unread.state.id));
+        assert!(!table.open.contains_key(&read.state.id));
+        drop(table);
+        // Now only unread connections are open: the next newcomer is refused, not let in.
+        drop(newcomer);
+        let _other = conns.admit(ip("10.0.0.4")).unwrap();
+        assert_eq!(conns.admit(ip("10.0.0.5")).err(), Some(Refusal::Full));
     }
 }
