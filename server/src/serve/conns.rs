@@ -2,9 +2,8 @@
 //! doing: when it last moved a byte, and whether it has a request in hand. The accept loop asks
 //! [`Conns::admit`] about every new connection: past the per-client cap it is refused; at the
 //! global cap an idle connection (one the server has read from) of the client holding the most
-//! gives way to it (half-sent
-//! headers, a TLS handshake, keep-alive between requests: nothing is lost), and only when no
-//! connection can give way is the newcomer refused.
+//! gives way to it (half-sent headers, a TLS handshake, keep-alive between requests: nothing is
+//! lost), and only when no connection can give way is the newcomer refused.
 //!
 //! Why evict rather than refuse at the global cap: clients from many addresses, each sending its
 //! headers slowly, would otherwise hold every place for as long as `--header-timeout` and send
