@@ -191,7 +191,8 @@ impl Session {
         }
         // llama.cpp computes all of a batch's logits in one matmul, whose repacked kernels sum
         // groups of 4 tokens in another order than single ones (see `matmul`): so do we.
-        let mut group = if matches!(want, Logits::Each(_)) {
+        let each = matches!(want, Logits::Each(_));
+        let mut group = if each {
             vec![0f32; 4 * n_vocab]
         } else {
             Vec::new()
@@ -199,7 +200,7 @@ impl Session {
         let mut done = 0;
         for batch in tokens.chunks(UBATCH) {
             let last_batch = done + batch.len() == tokens.len();
-            let rows = llama_rows(tokens.len(), done, matches!(want, Logits::Each(_)));
+            let rows = llama_rows(tokens.len(), done, each);
             // The rows whose final hidden states anything reads: every row's logits, the last
             // token's, or none.
             let wanted = match want {
@@ -623,6 +624,11 @@ mod tests {
             .collect()
     }
 
+    /// The synthetic test model `name`, loaded with the default options.
+    pub(super) fn synth_model(name: &str) -> Model {
+        Model::load(&test_support::synth(name), &LoadOptions::default()).unwrap()
+    }
+
     /// Largest |Δ| between two logit rows.
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         a.iter()
@@ -634,11 +640,7 @@ mod tests {
     #[test]
     fn a_rewound_session_continues_as_one_that_read_it_all() {
         // The synthetic Gemma 3 has a sliding window of 8: its ring wraps many times here.
-        let m = Model::load(
-            &test_support::synth("synth-gemma3-q8_0.gguf"),
-            &LoadOptions::default(),
-        )
-        .unwrap();
+        let m = synth_model("synth-gemma3-q8_0.gguf");
         let shared = tokens(200, 1);
         let (old_tail, new_tail) = (tokens(60, 2), tokens(20, 3));
         let mut fresh = m.new_session(512);
@@ -675,11 +677,7 @@ mod tests {
     /// micro-batches in the first chunk, so the skipped feed-forward covers whole ones too.
     #[test]
     fn a_chunk_extended_without_logits_leaves_the_same_cache() {
-        let m = Model::load(
-            &test_support::synth("synth-llama-q4_0.gguf"),
-            &LoadOptions::default(),
-        )
-        .unwrap();
+        let m = synth_model("synth-llama-q4_0.gguf");
         let (head, tail) = (tokens(2 * UBATCH + 9, 4), tokens(7, 5));
         let mut evaluated = m.new_session(256);
         evaluated.eval(&m, &head).unwrap();
@@ -722,6 +720,7 @@ mod tests {
 
 #[cfg(test)]
 mod batch_tests {
+    use super::tests::synth_model;
     use super::*;
     use crate::model::LoadOptions;
 
@@ -774,11 +773,7 @@ mod batch_tests {
 
     #[test]
     fn a_drafted_run_gives_the_logits_of_one_token_at_a_time() {
-        let m = Model::load(
-            &test_support::synth("synth-llama-q4_0.gguf"),
-            &LoadOptions::default(),
-        )
-        .unwrap();
+        let m = synth_model("synth-llama-q4_0.gguf");
         let prompt: Vec<u32> = (20..60).collect();
         let run = [7u32, 8, 9, 10, 11];
         let mut one = m.new_session(128);
