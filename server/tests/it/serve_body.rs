@@ -14,7 +14,12 @@ const SIZE: usize = (2 << 20) - 1024;
 
 /// Peak growth of resident memory allowed for one body: the 2 MiB of the body itself (hyper's
 /// buffer and the collected bytes) and the allocator's slack, far below a tree's cost.
-const PEAK_BOUND: u64 = 12 << 20;
+const PEAK_BOUND: u64 = 6 << 20;
+
+/// Anonymous memory the server may hold after the bodies beyond what it held before: the
+/// allocator's small change. Blocks as large as a body are unmapped when freed (`tune_malloc` in
+/// main.rs); glibc's default kept some MiB of them in its arenas.
+const KEPT_BOUND: u64 = 2 << 20;
 
 fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -116,7 +121,7 @@ fn deep_and_wide_bodies_are_refused_without_memory_jumping() {
     eprintln!("RssAnon {anon_before} KiB before, {anon_after} KiB after");
     assert!(failures.is_empty(), "{failures:?}");
     assert!(
-        anon_after.saturating_sub(anon_before) < 8 << 10,
+        anon_after.saturating_sub(anon_before) << 10 < KEPT_BOUND,
         "RssAnon {anon_before} -> {anon_after} KiB"
     );
     assert_eq!(s.get("/health").status, 200);
