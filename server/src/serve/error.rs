@@ -47,6 +47,8 @@ pub enum ApiError {
     Loading,
     #[error("the server is busy: every slot is generating and the queue of {queue} requests is full; retry after {retry_after} s")]
     Overloaded { queue: usize, retry_after: u64 },
+    #[error("the server is busy: it is already receiving its limit of {budget} bytes of large request bodies (8 times --body-limit); retry after {retry_after} s or send a smaller body")]
+    BodiesBusy { budget: usize, retry_after: u64 },
     #[error("the server is busy: {compiles} grammar compile(s) already running and none finished within {waited} s (--grammar-compiles, --grammar-timeout); retry after {retry_after} s")]
     CompilesBusy {
         compiles: u32,
@@ -97,6 +99,7 @@ impl ApiError {
             ApiError::EngineStuck { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Loading
             | ApiError::Overloaded { .. }
+            | ApiError::BodiesBusy { .. }
             | ApiError::CompilesBusy { .. }
             | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -119,6 +122,7 @@ impl ApiError {
             ApiError::Unauthorized => "authentication_error",
             ApiError::Loading
             | ApiError::Overloaded { .. }
+            | ApiError::BodiesBusy { .. }
             | ApiError::CompilesBusy { .. }
             | ApiError::ShuttingDown => "unavailable_error",
             ApiError::Timeout { .. } => "timeout_error",
@@ -132,9 +136,9 @@ impl ApiError {
             ApiError::Unauthorized => Some("invalid_api_key"),
             ApiError::TooLarge { .. } | ApiError::FieldTooLarge { .. } => Some("request_too_large"),
             ApiError::UnsupportedMediaType { .. } => Some("unsupported_media_type"),
-            ApiError::Overloaded { .. } | ApiError::CompilesBusy { .. } => {
-                Some("server_overloaded")
-            }
+            ApiError::Overloaded { .. }
+            | ApiError::BodiesBusy { .. }
+            | ApiError::CompilesBusy { .. } => Some("server_overloaded"),
             ApiError::Loading => Some("model_loading"),
             ApiError::RateLimited { .. } => Some("rate_limit_exceeded"),
             _ => None,
@@ -193,6 +197,7 @@ impl IntoResponse for ApiError {
         let headers = response.headers_mut();
         match &self {
             ApiError::Overloaded { retry_after, .. }
+            | ApiError::BodiesBusy { retry_after, .. }
             | ApiError::CompilesBusy { retry_after, .. }
             | ApiError::RateLimited { retry_after, .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));

@@ -221,6 +221,8 @@ struct Inner {
     ready: OnceLock<Ready>,
     metrics: Metrics,
     cgroup: Option<Cgroup>,
+    /// The budget of large request bodies being read, in KiB ([`extract::LARGE_BODIES`]).
+    large_bodies: tokio::sync::Semaphore,
     http: HttpConfig,
 }
 
@@ -231,6 +233,9 @@ impl AppState {
                 ready: OnceLock::new(),
                 metrics: Metrics::default(),
                 cgroup: Cgroup::own(),
+                large_bodies: tokio::sync::Semaphore::new(extract::large_body_budget_kib(
+                    http.body_limit,
+                )),
                 http,
             }),
         }
@@ -275,6 +280,11 @@ impl AppState {
 
     pub(crate) fn http(&self) -> &HttpConfig {
         &self.inner.http
+    }
+
+    /// The KiB of large request bodies that may be read at once ([`extract::LARGE_BODIES`]).
+    pub(crate) fn large_bodies(&self) -> &tokio::sync::Semaphore {
+        &self.inner.large_bodies
     }
 }
 

@@ -126,3 +126,79 @@ fn deep_and_wide_bodies_are_refused_without_memory_jumping() {
     );
     assert_eq!(s.get("/health").status, 200);
 }
+
+/// Large bodies are read [`LARGE_BODIES`] at a time: the ninth one in flight is answered 503 with
+/// Retry-After before its body is read, small requests go on meanwhile, and once the eight are
+/// answered the budget is free again. Without the budget every connection could hold a body and
+/// its parse (64 x 2 MiB bodies finishing together took the server from 49 to 332 MiB).
+#[test]
+fn large_bodies_beyond_the_budget_are_answered_503_before_they_are_read() {
+    use std::io::{BufReader, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    use crate::serve_support::read_head;
+
+    const LARGE_BODIES: usize = 8;
+    let s = Server::start(
+        &synth_model(),
+        &["--max-connections", "64", "--max-connections-per-ip", "16"],
+    );
+    let body = body(r#"{"x":["#, "[],", r#"[]],"messages":"no"}"#);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // Headers only: an admitted request waits for its body, a refused one is answered at once.
+    let open = || {
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        c.write_all(head.as_bytes()).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut reader = BufReader::new(c);
+        match read_head(&mut reader) {
+            Ok((status, headers)) => Err((status, headers)),
+            Err(_) => Ok(reader.into_inner()),
+        }
+    };
+    let mut admitted: Vec<TcpStream> = (0..LARGE_BODIES)
+        .map(|k| open().unwrap_or_else(|r| panic!("body {k} refused: {r:?}")))
+        .collect();
+    let (status, headers) = open().expect_err("a ninth large body is admitted");
+    assert_eq!(status, 503);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("retry-after") && v == "1"),
+        "{headers:?}"
+    );
+    let small = s.request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        br#"{"prompt":"a","max_tokens":1}"#,
+    );
+    assert_eq!(
+        small.status, 200,
+        "a small request while the budget is taken"
+    );
+    for c in admitted.iter_mut() {
+        c.write_all(&body).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let (status, _) = read_head(&mut BufReader::new(&*c)).unwrap();
+        assert_eq!(status, 400, "an admitted body is read and parsed");
+    }
+    let again = s.request(
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        &body,
+    );
+    assert_eq!(
+        again.status, 400,
+        "the budget is free again: {}",
+        again.body
+    );
+    assert!(again.error_message().contains("messages"), "{}", again.body);
+}
