@@ -11,6 +11,7 @@
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
 
+use super::PromptError;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
@@ -150,23 +151,25 @@ impl ChatTemplate {
     /// The template's own markup is read for control tokens; what the client wrote (contents,
     /// roles, calls, tools) is plain text unless `parse_special_in_content` (llama.cpp's way,
     /// under which `<end_of_turn>` in a user's text ends the turn).
+    /// Refused past `max_tokens` ([`Tokenizer::encode_within`]).
     pub fn tokens(
         &self,
         tokenizer: &Tokenizer,
         turns: &[Turn],
         tools: &[serde_json::Value],
         parse_special_in_content: bool,
-    ) -> Result<Vec<u32>, TemplateError> {
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, PromptError> {
         // The rendering starts without BOS; the tokenizer adds exactly one.
         if parse_special_in_content {
             let text = self.render_with_tools(turns, tools)?;
-            return Ok(tokenizer.encode(&text, true, true));
+            return Ok(tokenizer.encode_within(&text, true, true, max_tokens)?);
         }
         let turns: Vec<Turn> = turns.iter().map(|t| plain_turn(tokenizer, t)).collect();
         let tools: Vec<serde_json::Value> =
             tools.iter().map(|t| plain_json(tokenizer, t)).collect();
         let text = self.render_with_tools(&turns, &tools)?;
-        Ok(tokenizer.encode_marked(&text, true))
+        Ok(tokenizer.encode_marked_within(&text, true, max_tokens)?)
     }
 
     /// The prompt text for `turns`, ending with the opening of the assistant's turn.

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::model::Model;
+use crate::tokenizer::TooManyTokens;
 use chat_template::{ChatTemplate, TemplateError, Turn};
 use job::Job;
 use scheduler::Scheduler;
@@ -47,6 +48,16 @@ pub enum StartError {
     /// The decode thread could not be spawned.
     #[error(transparent)]
     Thread(#[from] std::io::Error),
+}
+
+/// Why a prompt was not built.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// It takes more tokens than the context leaves room for (counted as it was tokenized).
+    #[error("the prompt takes at least {} tokens", .0.at_least)]
+    TooLong(#[from] TooManyTokens),
 }
 
 pub struct Engine {
@@ -108,19 +119,31 @@ impl Engine {
         turns: &[Turn],
         tools: &[serde_json::Value],
         parse_special_in_content: bool,
-    ) -> Result<Vec<u32>, TemplateError> {
+    ) -> Result<Vec<u32>, PromptError> {
         self.template.tokens(
             self.model.tokenizer(),
             turns,
             tools,
             parse_special_in_content,
+            self.max_prompt_tokens(),
         )
     }
 
     /// The prompt for a text to continue. As llama-server: BOS added where the vocabulary wants
     /// it, control-token texts such as `<start_of_turn>` read as those tokens.
-    pub fn text_prompt(&self, text: &str) -> Vec<u32> {
-        self.model.tokenizer().encode(text, true, true)
+    pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>, PromptError> {
+        let max = self.max_prompt_tokens();
+        Ok(self
+            .model
+            .tokenizer()
+            .encode_within(text, true, true, max)?)
+    }
+
+    /// The longest prompt [`Engine::submit`] takes: one token of the context is left to generate.
+    /// A text too long for it is refused while it is tokenized, not after: tokenizing costs
+    /// tens of times the text's size.
+    fn max_prompt_tokens(&self) -> usize {
+        self.n_ctx().saturating_sub(1)
     }
 
     /// Queues a generation from `prompt` that must end by `deadline`; its events arrive on the

@@ -40,6 +40,15 @@ struct ByteTable {
     bytes: [Option<u8>; TABLE_CHARS],
 }
 
+/// Whether the vocabulary has a token for each of the 256 bytes' characters, so that no byte of
+/// a text is dropped (llama.cpp drops a byte that has none).
+pub fn every_byte_has_a_token(vocab: &Vocab) -> bool {
+    byte_table()
+        .utf8
+        .iter()
+        .all(|(utf8, n)| vocab.find(&utf8[..*n as usize]).is_some())
+}
+
 fn byte_table() -> &'static ByteTable {
     static TABLE: std::sync::OnceLock<ByteTable> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {

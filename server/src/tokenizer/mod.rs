@@ -73,6 +73,19 @@ pub struct Tokenizer {
     add_eos: bool,
     /// Bit set over ids: end-of-generation tokens.
     eog: Vec<u64>,
+    /// The longest token text in bytes, where every byte of a text has a token: no token
+    /// stands for more bytes of input than its text has (SentencePiece's `▁` is three bytes
+    /// for one space, byte-level BPE's characters one or two for one byte), so a text of B
+    /// bytes takes at least B / this many tokens. `None` where bytes can be dropped.
+    max_token_bytes: Option<usize>,
+}
+
+/// What [`Tokenizer::encode_within`] refuses: the text takes more tokens than allowed, at
+/// least `at_least` (a bound counted before the text is tokenized whole).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the text takes at least {at_least} tokens")]
+pub struct TooManyTokens {
+    pub at_least: usize,
 }
 
 // The engine shares one tokenizer between the HTTP handlers and the decode thread.
@@ -154,6 +167,17 @@ impl Tokenizer {
 
         let pieces = build_pieces(&vocab, &model);
         let specials = SpecialTokens::new(&vocab);
+        let every_byte = match &model {
+            Model::Spm(spm) => spm.every_byte_has_a_token(),
+            Model::Bpe(_) => bpe::every_byte_has_a_token(&vocab),
+        };
+        let max_token_bytes = every_byte.then(|| {
+            (0..vocab.len() as u32)
+                .map(|id| vocab.text(id).len())
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        });
         Ok(Tokenizer {
             vocab,
             pieces,
@@ -164,6 +188,7 @@ impl Tokenizer {
             add_bos,
             add_eos,
             eog,
+            max_token_bytes,
         })
     }
 
@@ -171,7 +196,22 @@ impl Tokenizer {
     /// (llama.cpp's `add_special`). `parse_special`: CONTROL tokens written as text (e.g.
     /// `<start_of_turn>`) become their ids; USER_DEFINED tokens are matched either way.
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
-        self.encode_fragments(text, add_bos, parse_special, false)
+        self.encode_fragments(text, add_bos, parse_special, false, usize::MAX)
+            .expect("no text takes more than usize::MAX tokens")
+    }
+
+    /// [`Tokenizer::encode`], refused when the text takes more than `max_tokens` tokens: a
+    /// fragment of text whose bytes alone need more than what is left is refused before it is
+    /// tokenized, so a text far too long for a context costs a scan, not the merge structures of
+    /// every byte (tens of times the text's size).
+    pub fn encode_within(
+        &self,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, TooManyTokens> {
+        self.encode_fragments(text, add_bos, parse_special, false, max_tokens)
     }
 
     /// `text` to be placed inside a prompt that [`Tokenizer::encode_marked`] reads, so that
@@ -205,7 +245,23 @@ impl Tokenizer {
     /// control tokens are read out of the text (`parse_special`) except where marked, and the
     /// marks are removed before the text is tokenized.
     pub fn encode_marked(&self, text: &str, add_bos: bool) -> Vec<u32> {
-        self.encode_fragments(text, add_bos, true, true)
+        self.encode_marked_within(text, add_bos, usize::MAX)
+            .expect("no text takes more than usize::MAX tokens")
+    }
+
+    /// [`Tokenizer::encode_marked`] within `max_tokens`, as [`Tokenizer::encode_within`].
+    pub fn encode_marked_within(
+        &self,
+        text: &str,
+        add_bos: bool,
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, TooManyTokens> {
+        self.encode_fragments(text, add_bos, true, true, max_tokens)
+    }
+
+    /// The fewest tokens a fragment of `bytes` bytes can take ([`Tokenizer::max_token_bytes`]).
+    fn fewest_tokens(&self, bytes: usize) -> usize {
+        self.max_token_bytes.map_or(0, |max| bytes.div_ceil(max))
     }
 
     fn encode_fragments(
@@ -214,8 +270,24 @@ impl Tokenizer {
         add_bos: bool,
         parse_special: bool,
         marked: bool,
-    ) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, TooManyTokens> {
+        let eos = usize::from(add_bos && self.add_eos && self.eos.is_some());
+        // Refused as soon as the tokens so far, the fewest the next fragment can take and the
+        // EOS to come exceed the limit; the fragments are tokenized one at a time.
+        let check = |count: usize| {
+            if count > max_tokens {
+                Err(TooManyTokens { at_least: count })
+            } else {
+                Ok(())
+            }
+        };
+        if !marked {
+            // Before the partition, which lists every control token's place. (Marks are no
+            // input: a marked text is counted fragment by fragment, unmarked.)
+            check(self.fewest_tokens(text.len()).saturating_add(eos))?;
+        }
+        let mut out = Vec::with_capacity((text.len() / 3 + 2).min(max_tokens.saturating_add(2)));
         if add_bos && self.add_bos {
             out.extend(self.bos);
         }
@@ -236,6 +308,7 @@ impl Tokenizer {
                     match fragment {
                         Fragment::Text(range) => {
                             let fragment = text_of(range);
+                            check(out.len() + self.fewest_tokens(fragment.len()) + eos)?;
                             spm.encode(
                                 &self.vocab,
                                 &fragment,
@@ -258,6 +331,7 @@ impl Tokenizer {
                     match fragment {
                         Fragment::Text(range) => {
                             let fragment = text_of(range);
+                            check(out.len() + self.fewest_tokens(fragment.len()) + eos)?;
                             bpe.encode(&self.vocab, &fragment, &mut scratch, &mut out);
                         }
                         Fragment::Token(id) => out.push(id),
@@ -268,7 +342,8 @@ impl Tokenizer {
         if add_bos && self.add_eos {
             out.extend(self.eos);
         }
-        out
+        check(out.len())?;
+        Ok(out)
     }
 
     /// Whether [`Tokenizer::encode`] with `add_bos = true` prepends BOS.

@@ -63,6 +63,11 @@ impl Spm {
         }
     }
 
+    /// Whether every byte of a text becomes a token: a byte token, or the unknown token.
+    pub fn every_byte_has_a_token(&self) -> bool {
+        self.unk.is_some() || self.byte_tokens.iter().all(Option::is_some)
+    }
+
     /// Tokenizes one raw-text fragment into `out`. `after_special` is true for the first
     /// fragment and for one that follows a special token (where the space prefix applies).
     pub fn encode(

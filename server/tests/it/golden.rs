@@ -300,7 +300,7 @@ fn smollm2_chats_render_to_llama_cpps_prompt_tokens() {
             })
             .collect();
         let got = template
-            .tokens(model.tokenizer(), &turns, &[], false)
+            .tokens(model.tokenizer(), &turns, &[], false, usize::MAX)
             .unwrap();
         let want: Vec<u32> = golden["prompts"]
             .as_array()

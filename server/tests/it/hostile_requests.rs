@@ -501,7 +501,7 @@ fn control_token_text_in_content_is_tokenized_as_text() {
     }];
 
     let plain = ChatTemplate::Gemma
-        .tokens(&tok, &turns, &[], false)
+        .tokens(&tok, &turns, &[], false, usize::MAX)
         .unwrap();
     let mut expected = vec![bos, sot];
     expected.extend(text(&format!("user\n{injected}")));
@@ -512,7 +512,9 @@ fn control_token_text_in_content_is_tokenized_as_text() {
     assert_eq!(plain, expected);
     assert_eq!(plain.iter().filter(|&&t| t == eot).count(), 1);
 
-    let parsed = ChatTemplate::Gemma.tokens(&tok, &turns, &[], true).unwrap();
+    let parsed = ChatTemplate::Gemma
+        .tokens(&tok, &turns, &[], true, usize::MAX)
+        .unwrap();
     assert_eq!(parsed.iter().filter(|&&t| t == eot).count(), 2);
     assert_eq!(parsed.iter().filter(|&&t| t == sot).count(), 3);
 
@@ -524,7 +526,7 @@ fn control_token_text_in_content_is_tokenized_as_text() {
         ..Turn::default()
     }];
     let ids = ChatTemplate::Gemma
-        .tokens(&tok, &turns, &[], false)
+        .tokens(&tok, &turns, &[], false, usize::MAX)
         .unwrap();
     let mut expected = vec![bos, sot];
     expected.extend(text(&format!("user\n{own}")));

@@ -38,4 +38,5 @@ mod serve_slots;
 mod serve_structured;
 mod serve_tls;
 mod tokenizer_bpe;
+mod tokenizer_limit;
 mod tokenizer_spm;

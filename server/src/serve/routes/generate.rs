@@ -9,7 +9,7 @@ use axum::response::Response;
 use super::answer::{self, Kind, OpenAi, Wire};
 use super::blocking;
 use crate::engine::chat_template::{ToolSyntax, Turn};
-use crate::engine::{Engine, Generation, Refused};
+use crate::engine::{Engine, Generation, PromptError, Refused};
 use crate::grammar::{Constraint, Spec};
 use crate::serve::error::ApiError;
 use crate::serve::extract::JsonBody;
@@ -75,7 +75,7 @@ pub(super) async fn prepare_chat(
         let tools = tools.as_ref().map_or(&[][..], |t| &t.tools[..]);
         engine
             .chat_prompt(&turns, tools, special)
-            .map_err(|e| ApiError::bad_param(input, e.to_string()))
+            .map_err(|e| prompt_error(e, engine.n_ctx(), input))
     })
     .await?;
     generation.constraint = compiled;
@@ -106,7 +106,9 @@ pub async fn completions(
                 check_token_ids(&ids, n_vocab, "prompt")?;
                 ids
             }
-            PromptInput::Text(text) => engine.text_prompt(&text),
+            PromptInput::Text(text) => engine
+                .text_prompt(&text)
+                .map_err(|e| prompt_error(e, engine.n_ctx(), "prompt"))?,
         })
     })
     .await?;
@@ -195,16 +197,29 @@ pub(super) async fn generate<W: Wire>(
     answer::answer(wire, delivery, events, timeout.as_secs()).await
 }
 
+fn prompt_error(e: PromptError, n_ctx: usize, input: &'static str) -> ApiError {
+    match e {
+        PromptError::Template(e) => ApiError::bad_param(input, e.to_string()),
+        PromptError::TooLong(t) => too_long(t.at_least, true, n_ctx, input),
+    }
+}
+
+/// A prompt of `tokens` (`at_least`: a bound, counted while it was tokenized) that leaves no
+/// room in the context: no silent truncation, at least one token must be generated after it.
+fn too_long(tokens: usize, at_least: bool, n_ctx: usize, input: &'static str) -> ApiError {
+    let at_least = if at_least { "at least " } else { "" };
+    ApiError::bad_param(
+        input,
+        format!(
+            "the prompt is {at_least}{tokens} tokens but the context holds {n_ctx} (the prompt must leave room for at least one generated token); shorten the prompt or start the server with a larger --ctx-size"
+        ),
+    )
+}
+
 fn refused_error(refused: Refused, input: &'static str) -> ApiError {
     match refused {
         Refused::EmptyPrompt => ApiError::bad_param(input, "the prompt is empty"),
-        // No silent truncation: at least one token must be generated after the prompt.
-        Refused::PromptTooLong { tokens, n_ctx } => ApiError::bad_param(
-            input,
-            format!(
-                "the prompt is {tokens} tokens but the context holds {n_ctx} (the prompt must leave room for at least one generated token); shorten the prompt or start the server with a larger --ctx-size"
-            ),
-        ),
+        Refused::PromptTooLong { tokens, n_ctx } => too_long(tokens, false, n_ctx, input),
         Refused::QueueFull { queue } => ApiError::Overloaded {
             queue,
             retry_after: RETRY_AFTER_SECS,
