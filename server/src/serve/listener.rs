@@ -258,7 +258,18 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let slot = match conns.admit(peer.ip()) {
+        let mut admitted = conns.admit(peer.ip());
+        // In a burst this loop runs ahead of the connections it spawned, and one whose task has
+        // not yet read from it cannot give way (an honest first request may wait unread in
+        // it): a table full of those refuses everyone. Let them run, then ask again.
+        for _ in 0..3 {
+            if admitted.as_ref().err() != Some(&Refusal::Full) {
+                break;
+            }
+            tokio::task::yield_now().await;
+            admitted = conns.admit(peer.ip());
+        }
+        let slot = match admitted {
             Ok(slot) => slot,
             Err(why) => {
                 tracing::debug!("{peer}: refused: {why:?}");
