@@ -221,3 +221,83 @@ fn large_bodies_beyond_the_budget_are_answered_503_before_they_are_read() {
     );
     assert!(again.error_message().contains("messages"), "{}", again.body);
 }
+
+/// The attack both bounds answer together: 64 connections from 8 addresses (the 1 GB profile's
+/// `max_connections`, 8 per address) each send a 2 MiB prompt but its last byte, then all
+/// finish at once. Eight are read at a time (the large-body budget), the rest answered 503, and
+/// the prompts are refused by their length, not tokenized: the server's memory grows by about
+/// the eight bodies. Without the two bounds it grew by
+/// 280 MiB (332 MiB of RssAnon from 49), past what the 1 GB profile leaves above the plan.
+#[test]
+fn many_addresses_finishing_large_prompts_together_stay_within_the_bodies() {
+    use std::io::{BufReader, Write};
+    use std::time::Duration;
+
+    use crate::serve_support::hostile::{attacker, connect_from, raise_nofile};
+    use crate::serve_support::read_head;
+
+    raise_nofile();
+    // Room above the 64 for this test's other requests: at the cap a newcomer would evict one
+    // of the bodies still arriving (an idle connection), which frees its share of the budget.
+    let s = Server::start(
+        &synth_model(),
+        &["--max-connections", "72", "--max-connections-per-ip", "8"],
+    );
+    let pid = s.pid();
+    let body = body(r#"{"prompt":""#, "a", r#""}"#);
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let anon_before = status_kib(pid, "RssAnon");
+    let mut conns = Vec::new();
+    for i in 0..64 {
+        let mut c = connect_from(attacker(i / 8), s.addr, None).unwrap();
+        c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        // A refused connection is closed without its body being read: its write fails.
+        let _ = c.write_all(head.as_bytes());
+        let _ = c.write_all(&body[..body.len() - 1]);
+        conns.push(c);
+    }
+    let in_flight = status_kib(pid, "RssAnon").saturating_sub(anon_before);
+    let rss = status_kib(pid, "VmRSS");
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    for c in conns.iter_mut() {
+        let _ = c.write_all(&body[body.len() - 1..]);
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for c in &conns {
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let status = read_head(&mut BufReader::new(c)).map_or(0, |(status, _)| status);
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    let jump = status_kib(pid, "VmHWM").saturating_sub(rss);
+    eprintln!(
+        "answers {statuses:?}; RssAnon +{in_flight} KiB with the bodies in flight; \
+         peak +{jump} KiB as they finished"
+    );
+    // Eight bodies are read, the rest refused, except those whose headers the server reached
+    // only after the eight had finished (the kernel's buffers take a body unread): read then.
+    assert!(
+        statuses.keys().all(|s| [400, 503].contains(s)),
+        "every answer a refusal: {statuses:?}"
+    );
+    assert!(
+        statuses.get(&400) >= Some(&8),
+        "eight bodies read: {statuses:?}"
+    );
+    assert!(
+        statuses.get(&503) >= Some(&1),
+        "bodies refused: {statuses:?}"
+    );
+    assert!(
+        in_flight < 32 << 10,
+        "RssAnon +{in_flight} KiB with the bodies in flight"
+    );
+    assert!(
+        jump < 48 << 10,
+        "peak RSS +{jump} KiB as the bodies finished"
+    );
+    assert_eq!(s.get("/health").status, 200);
+}
