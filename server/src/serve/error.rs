@@ -47,7 +47,7 @@ pub enum ApiError {
     Loading,
     #[error("the server is busy: every slot is generating and the queue of {queue} requests is full; retry after {retry_after} s")]
     Overloaded { queue: usize, retry_after: u64 },
-    #[error("the server is busy: it is already receiving its limit of {budget} bytes of large request bodies (8 times --body-limit); retry after {retry_after} s or send a smaller body")]
+    #[error("the server is busy: it is already receiving its limit of {budget} bytes of large request bodies ({} times --body-limit); retry after {retry_after} s or send a smaller body", super::extract::LARGE_BODIES)]
     BodiesBusy { budget: usize, retry_after: u64 },
     #[error("the server is busy: {compiles} grammar compile(s) already running and none finished within {waited} s (--grammar-compiles, --grammar-timeout); retry after {retry_after} s")]
     CompilesBusy {

@@ -35,9 +35,10 @@ const SMALL_BODY: usize = 64 << 10;
 /// the box's memory limit. A body over the budget is answered 503 before it is read.
 pub const LARGE_BODIES: usize = 8;
 
-/// The large-body budget for bodies of at most `body_limit` bytes, in KiB.
-pub fn large_body_budget_kib(body_limit: usize) -> usize {
-    LARGE_BODIES.saturating_mul(body_limit).div_ceil(1024)
+/// The large-body budget for bodies of at most `body_limit` bytes, in bytes (its semaphore
+/// counts KiB).
+pub fn large_body_budget(body_limit: usize) -> usize {
+    LARGE_BODIES.saturating_mul(body_limit)
 }
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
@@ -53,7 +54,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             let kib = u32::try_from(declared.div_ceil(1024)).unwrap_or(u32::MAX);
             let permit = state.large_bodies().try_acquire_many(kib);
             Some(permit.map_err(|_| ApiError::BodiesBusy {
-                budget: LARGE_BODIES.saturating_mul(limit),
+                budget: large_body_budget(limit),
                 retry_after: 1,
             })?)
         } else {

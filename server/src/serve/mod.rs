@@ -233,9 +233,9 @@ impl AppState {
                 ready: OnceLock::new(),
                 metrics: Metrics::default(),
                 cgroup: Cgroup::own(),
-                large_bodies: tokio::sync::Semaphore::new(extract::large_body_budget_kib(
-                    http.body_limit,
-                )),
+                large_bodies: tokio::sync::Semaphore::new(
+                    extract::large_body_budget(http.body_limit).div_ceil(1024),
+                ),
                 http,
             }),
         }

@@ -8,6 +8,7 @@
 //! anonymous memory (RssAnon) after.
 
 use crate::serve_support::{synth_model, Requests, Server};
+use llm_server::serve::extract::LARGE_BODIES;
 
 /// Just under the default `--body-limit` of 2 MiB, so that the parser, not the limit, refuses.
 const SIZE: usize = (2 << 20) - 1024;
@@ -158,7 +159,6 @@ fn large_bodies_beyond_the_budget_are_answered_503_before_they_are_read() {
 
     use crate::serve_support::read_head;
 
-    const LARGE_BODIES: usize = 8;
     let s = Server::start(
         &synth_model(),
         &["--max-connections", "64", "--max-connections-per-ip", "16"],
