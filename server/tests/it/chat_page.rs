@@ -73,6 +73,8 @@ fn chat_page_streams_an_answer_in_chromium() {
         ..AppConfig::default()
     });
     let shot = test_support::workspace_root().join("target/chat-page.png");
+    // Not there when cargo builds elsewhere (CARGO_TARGET_DIR).
+    std::fs::create_dir_all(shot.parent().unwrap()).unwrap();
     let _ = std::fs::remove_file(&shot);
     let url = format!("http://{}/", app.listen());
     let out = crate::serve_support::python(
