@@ -22,15 +22,20 @@
 //! `--streams`, a batch that costs no more than one stream keeps the rate, and one that gains
 //! nothing over S single passes divides it by S.
 //!
+//! `--batch B` gives every pass B activation rows through `dot_rows_batch` instead (prefill's
+//! micro-batch, the GEMM), and adds the rate in multiply-adds: weights × activation rows per
+//! second of on-CPU time.
+//!
 //! `cargo run -p llm-server --release --example kernel_bench [-- [--bytes B] [--kernels K]
-//! [--streams S] TYPE:N[:ORDER] ...]`
+//! [--streams S | --batch B] TYPE:N[:ORDER] ...]`
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use llm_server::quant::{
-    dot_rows, dot_rows_multi, isa, quantize_row_for, random_row, vec_dot_type, DotOrder, GgmlType,
+    dot_rows, dot_rows_batch, dot_rows_multi, isa, quantize_row_for, random_row, vec_dot_type,
+    DotOrder, GgmlType,
 };
 
 /// Bytes of the weight matrix per case unless `--bytes` says: the size of the Q8_0 LM head.
@@ -66,12 +71,14 @@ fn bench(
     order: Option<DotOrder>,
     bytes: usize,
     streams: usize,
+    batch: bool,
     seed: &mut u64,
 ) {
     let row_bytes = ty.row_bytes(n).unwrap();
     // Whole groups of eight rows, as every model's matrices come.
     let rows = (bytes / row_bytes / 8 * 8).max(8);
-    let order = order.unwrap_or(DotOrder::of(ty, rows, 1));
+    // Prefill's order for a micro-batch, decode's otherwise.
+    let order = order.unwrap_or(DotOrder::of(ty, rows, if batch { streams } else { 1 }));
     // Small scales keep NaN and subnormal arithmetic (slow on some CPUs) out of the timing.
     let matrix = random_row(ty, n * rows, 0.01, &mut || next(seed));
     let act_ty = vec_dot_type(ty);
@@ -89,9 +96,12 @@ fn bench(
     let mut outs = vec![vec![0f32; rows]; streams];
 
     // One pass: one activation row through `dot_rows` (the decode path of one stream), several
-    // through `dot_rows_multi`.
+    // through `dot_rows_multi`, or a micro-batch through `dot_rows_batch`.
     let mut pass = |matrix: &[u8]| {
-        if streams == 1 {
+        if batch {
+            let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+            dot_rows_batch(ty, order, n, matrix, &act_refs, &mut out_refs);
+        } else if streams == 1 {
             dot_rows(ty, order, n, matrix, &acts[0], &mut outs[0]);
         } else {
             let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
@@ -112,8 +122,16 @@ fn bench(
         cpu = cpu.min((on_cpu() - start_cpu) / repeats);
     }
     let gbs = |t: Duration| matrix.len() as f64 / t.as_secs_f64() / 1e9;
+    let macs = if batch {
+        format!(
+            " {:>6.1} GMAC/s",
+            (rows * n * streams) as f64 / cpu.as_secs_f64() / 1e9
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "{:>15} {rows:>7} x {n:<4} {:>6.1} MB  wall {:>6.2} ms {:>5.2} GB/s  on-CPU {:>6.2} ms {:>5.2} GB/s {:>5.1} ns/row",
+        "{:>15} {rows:>7} x {n:<4} {:>6.1} MB  wall {:>6.2} ms {:>5.2} GB/s  on-CPU {:>6.2} ms {:>5.2} GB/s {:>5.1} ns/row{macs}",
         format!("{ty} x {act_ty} {order:?}"),
         matrix.len() as f64 / 1e6,
         wall.as_secs_f64() * 1e3,
@@ -128,7 +146,23 @@ fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut bytes = MATRIX_BYTES;
     let mut streams = 1;
+    let mut batch = false;
+    if let Some(at) = args.iter().position(|a| a == "--batch") {
+        streams = match args.get(at + 1).and_then(|b| b.parse().ok()) {
+            Some(b) if (1..=4096).contains(&b) => b,
+            _ => {
+                eprintln!("--batch: expected 1 to 4096 activation rows, e.g. --batch 64");
+                std::process::exit(2)
+            }
+        };
+        batch = true;
+        args.drain(at..at + 2);
+    }
     if let Some(at) = args.iter().position(|a| a == "--streams") {
+        if batch {
+            eprintln!("--streams and --batch: give one of them");
+            std::process::exit(2)
+        }
         streams = match args.get(at + 1).and_then(|b| b.parse().ok()) {
             Some(s) if (1..=16).contains(&s) => s,
             _ => {
@@ -173,11 +207,12 @@ fn main() {
     let mut seed = 0x5eed;
     println!(
         "best of {PASSES} single-threaded passes over each matrix, {} kernels, {streams} \
-         activation row(s) per pass",
-        isa::selected()
+         activation row(s) per pass{}",
+        isa::selected(),
+        if batch { " (dot_rows_batch)" } else { "" }
     );
     for (ty, n, order) in cases {
-        bench(ty, n, order, bytes, streams, &mut seed);
+        bench(ty, n, order, bytes, streams, batch, &mut seed);
     }
 }
 
