@@ -57,7 +57,7 @@ avx2! {
 
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
-    use crate::quant::simd::load256;
+    use crate::quant::simd::{load256, panel_k5};
     use crate::quant::simd::super_block::{k4_dot, k4_dot_n, K4Block, ScalarMins};
     use crate::quant::DotOrder;
 
@@ -96,6 +96,18 @@ avx2! {
     }
 
     impl<I: Isa> Kernels<I> for Q5K {
+        /// [`panel_k5::rows`]: the tiled order as a GEMM with weight rows in the lanes.
+        #[inline]
+        fn rows_xbatch(
+            rows: &[u8],
+            row_bytes: usize,
+            acts: &[&[BlockQ8K]],
+            order: DotOrder,
+            outs: &mut [&mut [f32]],
+        ) -> bool {
+            panel_k5::rows::<I>(rows, row_bytes, acts, order, outs)
+        }
+
         /// vec_dot sums the min term in integers, then one scalar FMA ([`ScalarMins`]).
         #[inline]
         fn dot_1x1(w: &[BlockQ5K], a: &[BlockQ8K], order: DotOrder) -> f32 {

@@ -26,6 +26,7 @@ pub mod iq4;
 pub mod panel;
 pub mod panel_gemm;
 pub mod panel_k4;
+pub mod panel_k5;
 pub mod panel_tiled;
 pub mod super_block;
 

@@ -1,7 +1,8 @@
 //! What prefill's GEMMs with weight rows in the lanes share: the driver that walks a matmul's
 //! rows in panels of eight and its blocks in slices, the tiling constants and the 8×8 transpose.
 //! Each format family supplies its side as a [`PanelKernel`]: [`panel`](super::panel) (Q4_0,
-//! IQ4_NL repacked), [`panel_k4`](super::panel_k4) (Q4_K repacked) and
+//! IQ4_NL repacked), [`panel_k4`](super::panel_k4) (Q4_K repacked),
+//! [`panel_k5`](super::panel_k5) (Q5_K tiled, on `panel_k4`'s panels) and
 //! [`panel_tiled`](super::panel_tiled) (IQ4_XS, Q6_K tiled).
 //!
 //! The driver, per pass of at most [`MAX_ACTS`] activation rows and group of

@@ -1,5 +1,7 @@
 //! Prefill's matmul for Q4_K in the repacked order as a GEMM with weight rows in the lanes, the
-//! super-block counterpart of [`panel`](super::panel).
+//! super-block counterpart of [`panel`](super::panel). Its panels, activation table and VNNI
+//! sub-block sums also serve Q5_K's tiled order ([`panel_k5`](super::panel_k5)), whose
+//! super-blocks have the same scales and mins.
 //!
 //! The repacked row kernels of Q4_K (`gemm_rows`) put one weight row's 64-value chunk in a
 //! register per activation row and reduce every (weight row, activation row, chunk) product
@@ -25,7 +27,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
-use super::super_block::{k4_sub_sums, scales_mins_k4_x86};
+use super::super_block::{k4_sub_sums, scales_mins_k4_x86, K4Block};
 use super::{dpbusd_broadcast, f16_lanes, load256};
 use crate::quant::formats::q4_k::BlockQ4K;
 use crate::quant::formats::q8_k::BlockQ8K;
@@ -34,7 +36,7 @@ use crate::quant::DotOrder;
 
 /// Super-blocks of a row per pass (2048 values): a panel's slice is 19.5 KiB, so it stays in L1
 /// while every activation row reads it; the float accumulators carry each chain across slices.
-const SLICE_BLOCKS: usize = 8;
+pub(super) const SLICE_BLOCKS: usize = 8;
 
 
 /// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of Q4_K: [`gemm`]
@@ -93,7 +95,7 @@ impl<I: Isa> PanelKernel<I> for Q4KPanels {
 
     #[inline(always)]
     unsafe fn pack(panel: &mut Panel, rows: [&[BlockQ4K]; PANEL_ROWS], slice: Range<usize>) {
-        panel.pack::<I>(rows, slice);
+        panel.pack::<I, BlockQ4K>(rows, slice, |b, quads| q4k_quads(b, quads));
     }
 
     #[inline(always)]
@@ -113,14 +115,14 @@ impl<I: Isa> PanelKernel<I> for Q4KPanels {
 /// and group of rows for all its panels: `d_a`, and per chunk c the i16 pair
 /// (bsum_2c, bsum_2c+1) of its sub-block sums as one i32, which one `madd` by a lane's pair of
 /// mins turns into that row's min sum.
-struct ActTable {
+pub(super) struct ActTable {
     d: [[MaybeUninit<f32>; SLICE_BLOCKS]; MAX_ACTS],
     sub_sums: [[MaybeUninit<[i32; 4]>; SLICE_BLOCKS]; MAX_ACTS],
 }
 
 impl ActTable {
     #[inline(always)]
-    fn new() -> ActTable {
+    pub(super) fn new() -> ActTable {
         ActTable {
             d: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
             sub_sums: [[MaybeUninit::uninit(); SLICE_BLOCKS]; MAX_ACTS],
@@ -130,7 +132,7 @@ impl ActTable {
     /// The entries of activation rows `acts` and super-blocks `slice` (at most
     /// [`SLICE_BLOCKS`]).
     #[inline(always)]
-    unsafe fn fill(&mut self, acts: &[&[BlockQ8K]], slice: Range<usize>) {
+    pub(super) unsafe fn fill(&mut self, acts: &[&[BlockQ8K]], slice: Range<usize>) {
         for (k, a) in acts.iter().enumerate() {
             for (j, b) in a[slice.clone()].iter().enumerate() {
                 self.d[k][j].write(b.d());
@@ -143,71 +145,84 @@ impl ActTable {
     /// Activation row `k`'s `d_a` of the slice's super-block `j` (written by `fill` for every row
     /// and super-block it was given).
     #[inline(always)]
-    unsafe fn d(&self, k: usize, j: usize) -> f32 {
+    pub(super) unsafe fn d(&self, k: usize, j: usize) -> f32 {
         self.d.get_unchecked(k).get_unchecked(j).assume_init()
     }
 
     /// Activation row `k`'s sub-block sum pair of chunk `c` of super-block `j`, in every lane.
     #[inline(always)]
-    unsafe fn sub_sums(&self, k: usize, j: usize, c: usize) -> __m256i {
+    pub(super) unsafe fn sub_sums(&self, k: usize, j: usize, c: usize) -> __m256i {
         let pairs = self.sub_sums.get_unchecked(k).get_unchecked(j).assume_init_ref();
         _mm256_set1_epi32(*pairs.get_unchecked(c))
     }
 }
 
 /// One super-block of a panel's eight rows, interleaved (lane r is row r throughout).
-struct PanelBlock {
+pub(super) struct PanelBlock {
     /// Per sub-block s, eight registers: register g, lane r holds quants 4g..4g+4 of row r's
     /// sub-block s, one per byte.
-    quads: [[__m256i; 8]; 8],
+    pub(super) quads: [[__m256i; 8]; 8],
     /// Per sub-block s, the rows' scales as the micro-kernel applies them: on AVX2 `sc` in both
     /// i16 of the lane (one `madd` of the i16 pair sums gives `sc·S`); under VNNI `sc` as f32.
-    scales: [__m256i; 8],
+    pub(super) scales: [__m256i; 8],
     /// Per chunk c, the i16 pair (min_2c, min_2c+1) in each lane.
-    mins: [__m256i; 4],
-    d: __m256,
-    dmin: __m256,
+    pub(super) mins: [__m256i; 4],
+    pub(super) d: __m256,
+    pub(super) dmin: __m256,
 }
 
 /// A slice of a panel's eight rows, one [`PanelBlock`] per super-block.
-struct Panel {
+pub(super) struct Panel {
     blocks: [MaybeUninit<PanelBlock>; SLICE_BLOCKS],
     len: usize,
 }
 
 impl Panel {
     #[inline(always)]
-    fn new() -> Panel {
+    pub(super) fn new() -> Panel {
         Panel {
             blocks: [const { MaybeUninit::uninit() }; SLICE_BLOCKS],
             len: 0,
         }
     }
 
-    /// Packs super-blocks `slice` (at most [`SLICE_BLOCKS`]) of the eight `rows`.
+    /// Packs super-blocks `slice` (at most [`SLICE_BLOCKS`]) of the eight `rows`, their quants
+    /// by `quads` (which writes a [`PanelBlock::quads`] from eight super-blocks).
     #[inline(always)]
-    unsafe fn pack<I: Isa>(&mut self, rows: [&[BlockQ4K]; PANEL_ROWS], slice: Range<usize>) {
+    pub(super) unsafe fn pack<I: Isa, B: K4Block>(
+        &mut self,
+        rows: [&[B]; PANEL_ROWS],
+        slice: Range<usize>,
+        quads: impl Fn([&B; PANEL_ROWS], *mut __m256i),
+    ) {
         self.len = slice.len();
         for (j, i) in slice.enumerate() {
-            pack_block::<I>(rows.map(|r| r.get_unchecked(i)), &mut self.blocks[j]);
+            let b = rows.map(|r| r.get_unchecked(i));
+            let out = self.blocks[j].as_mut_ptr();
+            // SAFETY: `out` points at a PanelBlock's storage; each field is written through
+            // its own raw pointer, never read or referenced before it is whole.
+            quads(b, std::ptr::addr_of_mut!((*out).quads).cast::<__m256i>());
+            pack_scales::<I, B>(b, out);
         }
+    }
+
+    /// Super-blocks in the slice.
+    #[inline(always)]
+    pub(super) fn len(&self) -> usize {
+        self.len
     }
 
     /// The slice's super-block `j` (written by `pack` for j < len).
     #[inline(always)]
-    unsafe fn block(&self, j: usize) -> &PanelBlock {
+    pub(super) unsafe fn block(&self, j: usize) -> &PanelBlock {
         self.blocks.get_unchecked(j).assume_init_ref()
     }
 }
 
-/// Writes [`PanelBlock`] of eight rows' super-blocks `b` into `out`, field by field (built
-/// whole and moved, its 2 KiB of quants would be copied).
+/// Q4_K's [`PanelBlock::quads`] of eight rows' super-blocks `b`, at `quads`: per chunk of 64
+/// values, the 32 bytes of nibbles transposed and split.
 #[inline(always)]
-unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS], out: &mut MaybeUninit<PanelBlock>) {
-    let out = out.as_mut_ptr();
-    // SAFETY: `out` points at a PanelBlock's storage; each field is written through its own
-    // raw pointer, never read or referenced before it is whole.
-    let quads = std::ptr::addr_of_mut!((*out).quads).cast::<__m256i>();
+unsafe fn q4k_quads(b: [&BlockQ4K; PANEL_ROWS], quads: *mut __m256i) {
     let m4 = _mm256_set1_epi8(0x0F);
     for c in 0..4 {
         // Byte l of qs[32c..32c+32] holds value l of sub-block 2c (low nibble) and of 2c+1.
@@ -218,18 +233,24 @@ unsafe fn pack_block<I: Isa>(b: [&BlockQ4K; PANEL_ROWS], out: &mut MaybeUninit<P
             hi.add(g).write(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
         }
     }
+}
+
+/// Writes the scales, mins, `d` and `dmin` of [`PanelBlock`] of eight rows' super-blocks `b`
+/// into `out`, field by field (built whole and moved, its 2 KiB of quants would be copied).
+#[inline(always)]
+unsafe fn pack_scales<I: Isa, B: K4Block>(b: [&B; PANEL_ROWS], out: *mut PanelBlock) {
     // Per row, the eight scales then the eight mins as i16: i32 lane k < 4 is the scale pair of
     // chunk k, lane 4 + k its min pair; transposed, register k holds every row's pair k.
     let pairs = transpose_8x8(b.map(|b| {
-        _mm256_cvtepu8_epi16(scales_mins_k4_x86(&b.scales))
+        _mm256_cvtepu8_epi16(scales_mins_k4_x86(b.scales()))
     }));
     let scales = std::array::from_fn(|s| scale_lanes::<I>(pairs[s / 2], s % 2));
     // The halves as values, not through a `fn` pointer (which LLVM may leave as calls).
     let f16x8 = |h: [[u8; 2]; 8]| _mm256_cvtph_ps(f16_lanes(h));
     std::ptr::addr_of_mut!((*out).scales).write(scales);
     std::ptr::addr_of_mut!((*out).mins).write([pairs[4], pairs[5], pairs[6], pairs[7]]);
-    std::ptr::addr_of_mut!((*out).d).write(f16x8(b.map(|b| b.d)));
-    std::ptr::addr_of_mut!((*out).dmin).write(f16x8(b.map(|b| b.dmin)));
+    std::ptr::addr_of_mut!((*out).d).write(f16x8(b.map(|b| b.d())));
+    std::ptr::addr_of_mut!((*out).dmin).write(f16x8(b.map(|b| b.dmin())));
 }
 
 /// i16 `h` (0 or 1) of each i32 lane of `pair` in the form [`PanelBlock::scales`] keeps.
@@ -264,7 +285,7 @@ unsafe fn tile<I: Isa, const M: usize, const GEMV: bool>(
 ) {
     let mut sums: [__m256; M] = std::array::from_fn(|t| acc.get_unchecked(k0 + t)[0]);
     let mut mins: [__m256; M] = std::array::from_fn(|t| acc.get_unchecked(k0 + t)[1]);
-    for j in 0..panel.len {
+    for j in 0..panel.len() {
         let w = panel.block(j);
         let a: [*const i8; M] = std::array::from_fn(|t| {
             acts.get_unchecked(k0 + t).get_unchecked(first_block + j).qs.as_ptr()
@@ -345,7 +366,7 @@ unsafe fn avx2_chunk_sums<const M: usize>(w: &PanelBlock, a: [*const i8; M], c: 
 /// `fma(S_hi, sc_hi, S_lo·sc_lo)` is the integer sum's own conversion (no `vpmulld`). The f32
 /// bits are returned in an integer register.
 #[inline(always)]
-unsafe fn vnni_chunk_sums<I: Isa, const M: usize>(
+pub(super) unsafe fn vnni_chunk_sums<I: Isa, const M: usize>(
     w: &PanelBlock,
     a: [*const i8; M],
     c: usize,
@@ -369,7 +390,7 @@ unsafe fn vnni_chunk_sums<I: Isa, const M: usize>(
 
 /// A [`chunk_sums`] value as f32: the conversion of the i32 (AVX2), the exact f32 itself (VNNI).
 #[inline(always)]
-unsafe fn exact_f32<I: Isa>(v: __m256i) -> __m256 {
+pub(super) unsafe fn exact_f32<I: Isa>(v: __m256i) -> __m256 {
     if I::VNNI {
         _mm256_castsi256_ps(v)
     } else {
@@ -380,7 +401,7 @@ unsafe fn exact_f32<I: Isa>(v: __m256i) -> __m256 {
 /// A [`chunk_sums`] value as i32 (under VNNI an integer below 2^24 held exactly in f32, so the
 /// conversion back is exact too).
 #[inline(always)]
-unsafe fn exact_i32<I: Isa>(v: __m256i) -> __m256i {
+pub(super) unsafe fn exact_i32<I: Isa>(v: __m256i) -> __m256i {
     if I::VNNI {
         _mm256_cvtps_epi32(_mm256_castsi256_ps(v))
     } else {
