@@ -373,9 +373,22 @@ unsafe fn values<const N: usize, const L: usize, const D: usize>(
     debug_assert!(hd.is_multiple_of(8 * D));
     let accs: [*mut f32; N] = std::array::from_fn(&acc);
     let probs: [*const f32; N] = std::array::from_fn(&prob);
+    // The run's first cell in a lane.
+    let start_of = |lane: usize| (lane + L - from % L) % L;
     for lane in 0..L {
-        // The run's first cell in this lane.
-        let start = (lane + L - from % L) % L;
+        let start = start_of(lane);
+        // The next lane's cells, requested while this lane reads its own: a lane's cells are L
+        // rows of the cache apart, a stride the hardware prefetchers do not follow.
+        if lane + 1 < L {
+            let mut c = start_of(lane + 1);
+            while c < n {
+                let row = v.add(c * stride).cast::<u8>();
+                for line in (0..hd * 2).step_by(crate::quant::CACHE_LINE) {
+                    _mm_prefetch::<_MM_HINT_T0>(row.add(line).cast());
+                }
+                c += L;
+            }
+        }
         if start >= n {
             continue;
         }
