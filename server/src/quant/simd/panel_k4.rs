@@ -419,25 +419,27 @@ mod tests {
 
     use super::MAX_ACTS;
 
-    /// The GEMM at its boundaries against llama.cpp's grouping, bit for bit, on every runnable
-    /// instruction set: 70 weight rows (a group of 64 and a partial panel), 19 super-blocks
-    /// (three slices, the last partial), a pass of [`MAX_ACTS`] activation rows then five (a
-    /// gemm tile of four and one gemv row), one more than a pass, and 8..=11 rows (the smallest
-    /// batch, each gemv rest).
+    /// The GEMMs on these panels (Q4_K repacked, Q5_K tiled in `panel_k5`) at their boundaries
+    /// against llama.cpp's grouping, bit for bit, on every runnable instruction set: 70 weight
+    /// rows (a group of 64 and a partial panel), 19 super-blocks (three slices, the last
+    /// partial), a pass of [`MAX_ACTS`] activation rows then five (a gemm tile of four and, for
+    /// Q4_K, one gemv row), one more than a pass, and 8..=11 rows (the smallest batch, each
+    /// gemv rest).
     #[test]
-    fn q4_k_gemm_equals_grouping() {
-        let w = GgmlType::Q4_K;
+    fn k4_panel_gemms_equal_grouping() {
         let mut rng = Rng(11);
-        let n = 19 * 256;
-        let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
-        let acts: Vec<Vec<u8>> =
-            (0..MAX_ACTS + 5).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
-        for choice in runnable_isas() {
-            for n_acts in [MAX_ACTS + 5, 8, 9, 10, 11, MAX_ACTS + 1] {
-                let checked = isa::forced(choice, || {
-                    batch_equals_groups(w, DotOrder::Repacked, n, &rows, &acts[..n_acts])
-                });
-                assert!(checked.is_ok(), "{} on {choice}", checked.unwrap_err());
+        for (w, order) in [(GgmlType::Q4_K, DotOrder::Repacked), (GgmlType::Q5_K, DotOrder::Tiled)] {
+            let n = 19 * 256;
+            let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
+            let acts: Vec<Vec<u8>> =
+                (0..MAX_ACTS + 5).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
+            for choice in runnable_isas() {
+                for n_acts in [MAX_ACTS + 5, 8, 9, 10, 11, MAX_ACTS + 1] {
+                    let checked = isa::forced(choice, || {
+                        batch_equals_groups(w, order, n, &rows, &acts[..n_acts])
+                    });
+                    assert!(checked.is_ok(), "{} on {choice}", checked.unwrap_err());
+                }
             }
         }
     }

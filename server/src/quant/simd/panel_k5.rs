@@ -8,7 +8,7 @@
 //! eight weight rows share a register (lane r holds four quants of one sub-block of row r), so
 //! those totals come out per lane with no horizontal sums, and the float steps run on the eight
 //! rows at once, each lane the scalar operations of its row: the results are bit-identical to
-//! the row kernels, which the property tests hold this to.
+//! the row kernels, which the property tests and `panel_k4`'s boundary test hold this to.
 //!
 //! On AVX2 a quant is up to 31, so `maddubs`' pair sums (up to 2·31·127) add up in i16 four
 //! registers at a time (31496), where Q4_K's add eight; then one `madd` by the scale. Under VNNI
@@ -180,37 +180,4 @@ unsafe fn avx2_chunk_sums<const M: usize>(w: &PanelBlock, a: [*const i8; M], c: 
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::quant::isa;
-    use crate::quant::tests::{
-        batch_equals_groups, quantized, random_activations, random_weights, runnable_isas, Rng,
-    };
-    use crate::quant::{DotOrder, GgmlType};
-
-    use super::MAX_ACTS;
-
-    /// The GEMM at its boundaries against llama.cpp's grouping (each output its row's tiled
-    /// chain), bit for bit, on every runnable instruction set: 70 weight rows (a group of 64
-    /// and a partial panel), 19 super-blocks (three slices, the last partial), a pass of
-    /// [`MAX_ACTS`] activation rows then five, one more than a pass, and 8..=11 rows.
-    #[test]
-    fn q5_k_gemm_equals_grouping() {
-        let w = GgmlType::Q5_K;
-        let mut rng = Rng(13);
-        let n = 19 * 256;
-        let rows: Vec<u8> = (0..70).flat_map(|_| random_weights(w, n, &mut rng)).collect();
-        let acts: Vec<Vec<u8>> =
-            (0..MAX_ACTS + 5).map(|_| quantized(w, &random_activations(n, &mut rng))).collect();
-        for choice in runnable_isas() {
-            for n_acts in [MAX_ACTS + 5, 8, 9, 10, 11, MAX_ACTS + 1] {
-                let checked = isa::forced(choice, || {
-                    batch_equals_groups(w, DotOrder::Tiled, n, &rows, &acts[..n_acts])
-                });
-                assert!(checked.is_ok(), "{} on {choice}", checked.unwrap_err());
-            }
-        }
-    }
 }
