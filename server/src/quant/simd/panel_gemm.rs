@@ -17,6 +17,7 @@ use std::ops::Range;
 
 use crate::quant::blocks::{blocks, Block};
 use crate::quant::isa::Isa;
+use crate::quant::DotOrder;
 
 /// Weight rows per panel: one per i32 lane of a 256-bit register.
 pub(super) const PANEL_ROWS: usize = 8;
@@ -73,6 +74,26 @@ pub(super) trait PanelKernel<I: Isa> {
         k0: usize,
         acc: &mut [Self::Chains; MAX_ACTS],
     );
+}
+
+/// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) by [`gemm`] with `K`,
+/// a kernel that serves every row of its format: when `order` is `keeps`, the order `K` keeps,
+/// and there are at least [`MIN_ACTS`] activation rows; otherwise false, nothing written.
+#[inline(always)]
+pub(super) fn rows_in<I: Isa, K: PanelKernel<I>>(
+    keeps: DotOrder,
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[K::Act]],
+    order: DotOrder,
+    outs: &mut [&mut [f32]],
+) -> bool {
+    if order != keeps || acts.len() < MIN_ACTS {
+        return false;
+    }
+    // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
+    unsafe { gemm::<I, K>(rows, row_bytes, acts, outs) };
+    true
 }
 
 /// Weight rows (`row_bytes` each, of `K::Block`s) against the activation rows `acts`:

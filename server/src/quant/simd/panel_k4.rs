@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
+use super::panel_gemm::{rows_in, transpose_8x8, PanelKernel, MAX_ACTS, PANEL_ROWS};
 use super::super_block::{k4_sub_sums, scales_mins_k4_x86, K4Block};
 use super::{dpbusd_broadcast, f16_lanes, load256};
 use crate::quant::formats::q4_k::BlockQ4K;
@@ -39,9 +39,8 @@ use crate::quant::DotOrder;
 pub(super) const SLICE_BLOCKS: usize = 8;
 
 
-/// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of Q4_K: [`gemm`]
-/// in the repacked order with at least [`MIN_ACTS`] activation rows; otherwise false, nothing
-/// written.
+/// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of Q4_K: the GEMM in
+/// the repacked order ([`rows_in`]).
 #[inline(always)]
 pub fn rows<I: Isa>(
     rows: &[u8],
@@ -50,12 +49,7 @@ pub fn rows<I: Isa>(
     order: DotOrder,
     outs: &mut [&mut [f32]],
 ) -> bool {
-    if order != DotOrder::Repacked || acts.len() < MIN_ACTS {
-        return false;
-    }
-    // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
-    unsafe { gemm::<I, Q4KPanels>(rows, row_bytes, acts, outs) };
-    true
+    rows_in::<I, Q4KPanels>(DotOrder::Repacked, rows, row_bytes, acts, order, outs)
 }
 
 /// The [`PanelKernel`] of Q4_K in the repacked order: each output in the chain llama.cpp's

@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
+use super::panel_gemm::{rows_in, transpose_8x8, PanelKernel, MAX_ACTS, PANEL_ROWS};
 use super::panel_k4::{exact_i32, vnni_chunk_sums, ActTable, Panel, PanelBlock, SLICE_BLOCKS};
 use super::super_block::K4Block;
 use crate::quant::formats::q5_k::BlockQ5K;
@@ -27,8 +27,8 @@ use crate::quant::formats::q8_k::BlockQ8K;
 use crate::quant::isa::Isa;
 use crate::quant::DotOrder;
 
-/// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of Q5_K: [`gemm`] in
-/// the tiled order with at least [`MIN_ACTS`] activation rows; otherwise false, nothing written.
+/// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of Q5_K: the GEMM in
+/// the tiled order ([`rows_in`]).
 #[inline(always)]
 pub fn rows<I: Isa>(
     rows: &[u8],
@@ -37,12 +37,7 @@ pub fn rows<I: Isa>(
     order: DotOrder,
     outs: &mut [&mut [f32]],
 ) -> bool {
-    if order != DotOrder::Tiled || acts.len() < MIN_ACTS {
-        return false;
-    }
-    // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
-    unsafe { gemm::<I, Q5KPanels>(rows, row_bytes, acts, outs) };
-    true
+    rows_in::<I, Q5KPanels>(DotOrder::Tiled, rows, row_bytes, acts, order, outs)
 }
 
 /// The [`PanelKernel`] of Q5_K in the tiled order: one float chain per output.

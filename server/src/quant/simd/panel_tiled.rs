@@ -41,7 +41,7 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use super::panel_gemm::{gemm, transpose_8x8, PanelKernel, MAX_ACTS, MIN_ACTS, PANEL_ROWS};
+use super::panel_gemm::{rows_in, transpose_8x8, PanelKernel, MAX_ACTS, PANEL_ROWS};
 use super::{dpbusd_broadcast, f16_lanes};
 use crate::quant::blocks::{Block, QK_K};
 use crate::quant::formats::q8_k::BlockQ8K;
@@ -92,8 +92,7 @@ const fn avx2_offset<I: Isa, B: TiledBlock>() -> bool {
 }
 
 /// [`Kernels::rows_xbatch`](crate::quant::format::Kernels::rows_xbatch) of a mins-free
-/// K-quant: [`gemm`] in the tiled order, with at least [`MIN_ACTS`] activation rows; otherwise
-/// false, nothing written.
+/// K-quant: the GEMM in the tiled order ([`rows_in`]).
 #[inline(always)]
 pub fn rows<I: Isa, B: TiledBlock>(
     rows: &[u8],
@@ -102,12 +101,7 @@ pub fn rows<I: Isa, B: TiledBlock>(
     order: DotOrder,
     outs: &mut [&mut [f32]],
 ) -> bool {
-    if order != DotOrder::Tiled || acts.len() < MIN_ACTS {
-        return false;
-    }
-    // SAFETY: the matmul entry points choose `I` for this CPU; `gemm` checks the lengths.
-    unsafe { gemm::<I, Tiled<B>>(rows, row_bytes, acts, outs) };
-    true
+    rows_in::<I, Tiled<B>>(DotOrder::Tiled, rows, row_bytes, acts, order, outs)
 }
 
 /// The [`PanelKernel`] of the mins-free K-quants `B` in the tiled order.
