@@ -382,10 +382,8 @@ unsafe fn values<const N: usize, const L: usize, const D: usize>(
         if lane + 1 < L {
             let mut c = start_of(lane + 1);
             while c < n {
-                let row = v.add(c * stride).cast::<u8>();
-                for line in (0..hd * 2).step_by(crate::quant::CACHE_LINE) {
-                    _mm_prefetch::<_MM_HINT_T0>(row.add(line).cast());
-                }
+                let row = v.add(c * stride);
+                crate::quant::prefetch_l1(std::slice::from_raw_parts(row.cast::<u8>(), 2 * hd));
                 c += L;
             }
         }

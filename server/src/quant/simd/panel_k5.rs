@@ -159,8 +159,7 @@ unsafe fn avx2_chunk_sums<const M: usize>(w: &PanelBlock, a: [*const i8; M], c: 
     let mut out = [_mm256_setzero_si256(); M];
     for h in 0..2 {
         let s = 2 * c + h;
-        for group in w.quads[s].chunks_exact(4).enumerate() {
-            let (half, quads) = group;
+        for (half, quads) in w.quads[s].chunks_exact(4).enumerate() {
             let mut s16 = [_mm256_setzero_si256(); M];
             for (i, &q) in quads.iter().enumerate() {
                 let g = 4 * half + i;
