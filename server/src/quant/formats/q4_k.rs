@@ -62,7 +62,8 @@ avx2! {
     use crate::quant::isa::Isa;
     use crate::quant::simd::super_block::{
         broadcast_i16_mask, check_table_rows, hsum_i32_rows, k4_chunk_min_sums, k4_chunk_sum, k4_chunks, k4_dot_n,
-        k4_scaled_sum_of, k4_scaled_sums_x, k4_scales_mins, k4_sub_sums, lanes8, K4Block, LaneMins,
+        k4_scaled_sum_of, k4_scaled_sums_x, k4_scales_mins, k4_sub_sums, k4_vec_dot_4rows, lanes8, K4Block,
+        LaneMins,
     };
     use crate::quant::simd::panel_k4;
     use crate::quant::simd::{
@@ -215,7 +216,8 @@ avx2! {
             }
         }
 
-        /// Repacked, [`gemv_4rows`] per activation row; otherwise each row's own dots.
+        /// Repacked, [`gemv_4rows`] per activation row; decode's mat-vec in the vec_dot order
+        /// (rows that are no multiple of 8), [`k4_vec_dot_4rows`]; otherwise each row's own dots.
         #[inline]
         fn dot_4xn<const N: usize>(
             w: [&[BlockQ4K]; 4],
@@ -225,6 +227,10 @@ avx2! {
             match order {
                 // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
                 DotOrder::Repacked => std::array::from_fn(|t| unsafe { gemv_4rows::<I>(w, a[t]) }),
+                // SAFETY: as above.
+                DotOrder::VecDot | DotOrder::Free if N == 1 => unsafe {
+                    [k4_vec_dot_4rows::<I, _, LaneMins>(w, a[0]); N]
+                },
                 _ => dot_4xn_by_rows::<Self, I, N>(w, a, order),
             }
         }

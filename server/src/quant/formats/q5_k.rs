@@ -58,7 +58,8 @@ avx2! {
     use crate::quant::format::Kernels;
     use crate::quant::isa::Isa;
     use crate::quant::simd::{load256, panel_k5};
-    use crate::quant::simd::super_block::{k4_dot, k4_dot_n, K4Block, ScalarMins};
+    use crate::quant::format::dot_4xn_by_rows;
+    use crate::quant::simd::super_block::{k4_dot, k4_dot_n, k4_vec_dot_4rows, K4Block, ScalarMins};
     use crate::quant::DotOrder;
 
     impl K4Block for BlockQ5K {
@@ -119,6 +120,23 @@ avx2! {
         #[inline]
         fn dot_1x4(w: &[BlockQ5K], a: [&[BlockQ8K]; 4], order: DotOrder) -> [f32; 4] {
             <Self as Kernels<I>>::dot_1xn(w, a, order)
+        }
+
+        /// Decode's mat-vec in the vec_dot order: [`k4_vec_dot_4rows`], four rows' chains at
+        /// once; otherwise each row's own dots.
+        #[inline]
+        fn dot_4xn<const N: usize>(
+            w: [&[BlockQ5K]; 4],
+            a: [&[BlockQ8K]; N],
+            order: DotOrder,
+        ) -> [[f32; 4]; N] {
+            match order {
+                // SAFETY: as in `dot_1x1`; the kernel checks the rows' lengths.
+                DotOrder::VecDot | DotOrder::Free if N == 1 => unsafe {
+                    [k4_vec_dot_4rows::<I, _, ScalarMins>(w, a[0]); N]
+                },
+                _ => dot_4xn_by_rows::<Self, I, N>(w, a, order),
+            }
         }
 
         #[inline]

@@ -319,6 +319,36 @@ unsafe fn k4_vec_dot_n<I: Isa, B: K4Block, M: MinTerm, const N: usize>(
     std::array::from_fn(|t| hsum(acc[t]) + min_term[t].total())
 }
 
+/// [`k4_vec_dot_n`] of four weight rows against one activation row (decode's mat-vec): each
+/// row's chains as its own, but the activation's loads and sub-block sums are taken once per
+/// super-block for the four, and the four rows' integer sums interleave chunk by chunk
+/// ([`k4_scaled_sums_x`]), so one row's `madd` latency hides behind the others' products.
+#[inline(always)]
+pub unsafe fn k4_vec_dot_4rows<I: Isa, B: K4Block, M: MinTerm>(
+    w: [&[B]; 4],
+    a: &[BlockQ8K],
+) -> [f32; 4] {
+    let n = a.len();
+    assert!(w.iter().all(|w| w.len() == n), "rows of unequal length");
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut min_term: [M; 4] = std::array::from_fn(|_| M::zero());
+    for (i, y) in a.iter().enumerate() {
+        // SAFETY (get_unchecked): every row has n blocks (asserted above) and i < n.
+        let b = w.map(|w| w.get_unchecked(i));
+        let scales_mins = b.map(|b| k4_scales_mins(b));
+        let sums = k4_scaled_sums_x::<I, B, 4>(scales_mins.map(|(s, _)| s), y, b);
+        let sub_sums = k4_sub_sums(y);
+        for r in 0..4 {
+            let (d_w, dmin_w) = (f16_to_f32(b[r].d()), f16_to_f32(b[r].dmin()));
+            let mins = _mm_madd_epi16(scales_mins[r].1, sub_sums);
+            min_term[r].add(-y.d() * dmin_w, mins);
+            let d = _mm256_set1_ps(y.d() * d_w);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[r]), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum(acc[r]) + min_term[r].total())
+}
+
 /// Q4_K/Q5_K in ggml's tiled order (see [`tiled`]) against `N` activation rows: the
 /// super-block's value before the activation scale is `d·sumi - dmin·summ`, the subtraction
 /// fused. Its scales, mins and quants are unpacked once for all `N`; each output's chain is the
