@@ -105,7 +105,7 @@ pub fn cargo() -> Command {
 /// is a no-op when that build is current: any other package selection (`-p llm-server`)
 /// resolves the dependencies' features differently and compiles the server again (minutes of
 /// release build), and would put a binary built otherwise where the server's own tests
-/// (`CARGO_BIN_EXE_llm-server`, the same path) expect this one, with its `test-hooks`.
+/// (`CARGO_BIN_EXE_llm-server`, the same path) expect this one.
 pub fn llm_server_binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT

@@ -67,8 +67,7 @@ impl Counters {
     /// Called by the decode thread once per round, holding no lock: it is alive and making
     /// progress.
     pub fn beat(&self) {
-        #[cfg(feature = "test-hooks")]
-        test_hook::on_beat();
+        crate::hooks::on_beat();
         self.last_beat.store(monotonic_nanos(), Relaxed);
     }
 
@@ -99,38 +98,6 @@ impl Counters {
         match self.liveness() {
             Liveness::Idle => true,
             Liveness::Working(since) => since <= limit,
-        }
-    }
-}
-
-/// A hook for the tests of liveness, which must make the decode thread hang or panic: with
-/// `LLM_SERVER_TEST_ENGINE_HOOK=<path>` in the environment, each beat reads that file, and the
-/// thread hangs for ever when it says `stall`, panics when it says `panic`. Only the process's
-/// environment can set it (no request can); without it a beat costs one load of a `OnceLock`.
-/// It runs in [`Counters::beat`], where the thread holds no lock, as a real hang in the forward
-/// pass would. Compiled only with the `test-hooks` feature, which the tests' build turns on
-/// (server/Cargo.toml), never the shipped binary's.
-#[cfg(feature = "test-hooks")]
-mod test_hook {
-    use std::path::PathBuf;
-    use std::sync::OnceLock;
-
-    pub const VAR: &str = "LLM_SERVER_TEST_ENGINE_HOOK";
-
-    pub fn on_beat() {
-        static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
-        let Some(path) = PATH.get_or_init(|| std::env::var_os(VAR).map(PathBuf::from)) else {
-            return;
-        };
-        match std::fs::read_to_string(path).as_deref().map(str::trim) {
-            Ok("stall") => {
-                tracing::warn!("{VAR}: the decode thread stalls");
-                loop {
-                    std::thread::sleep(std::time::Duration::from_secs(3600));
-                }
-            }
-            Ok("panic") => panic!("{VAR}: the decode thread panics"),
-            _ => {}
         }
     }
 }

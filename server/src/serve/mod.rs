@@ -372,8 +372,7 @@ async fn record_request(State(state): State<AppState>, req: Request, next: Next)
         .map_or("unmatched", MatchedPath::as_str)
         .to_owned();
     let method = req.method().clone();
-    #[cfg(feature = "test-hooks")]
-    test_leak::on_request();
+    crate::hooks::on_request();
     let response = next.run(req).await.into_response();
     let status = response.status().as_u16();
     state.metrics().record_request(&route, status);
@@ -382,29 +381,6 @@ async fn record_request(State(state): State<AppState>, req: Request, next: Next)
         started.elapsed().as_secs_f64() * 1e3
     );
     response
-}
-
-/// A deliberate leak for the test that proves the load test's leak bound can fail: with
-/// `LLM_SERVER_TEST_LEAK_PER_REQUEST=<bytes>` in the environment each request leaks that many
-/// bytes of touched heap. Only the process's environment can set it, no request can.
-#[cfg(feature = "test-hooks")]
-mod test_leak {
-    use std::sync::OnceLock;
-
-    pub fn on_request() {
-        static BYTES: OnceLock<usize> = OnceLock::new();
-        let bytes = *BYTES.get_or_init(|| {
-            std::env::var("LLM_SERVER_TEST_LEAK_PER_REQUEST")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        });
-        if bytes > 0 {
-            // Non-zero bytes: every page is written, so resident; black_box: an allocation
-            // nobody reads could be optimised away.
-            std::hint::black_box(vec![0x5au8; bytes].leak());
-        }
-    }
 }
 
 #[cfg(test)]

@@ -2,9 +2,10 @@
 //! a timer; a stuck decode thread turns `/health` to 503 and stops the pings (so systemd
 //! restarts the service), and a panic on it ends the process with a status systemd restarts.
 //!
-//! The stall and the panic are injected through `LLM_SERVER_TEST_ENGINE_HOOK` (engine/
-//! counters.rs): a file named in the server's environment that the decode thread reads at each
-//! heartbeat. No request can reach it; the test writes the file.
+//! The stall and the panic are injected through `LLM_SERVER_TEST_ENGINE_HOOK`
+//! (server/src/bin/llm-server-test-hooks.rs, the binary these tests start): a file named in the
+//! server's environment that the decode thread reads at each heartbeat. No request can reach
+//! it; the test writes the file.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};

@@ -193,8 +193,8 @@ fn sixty_four_clients_two_slots_queue_sixteen() {
 }
 
 /// The bound catches a real leak: 64 KiB per request (LLM_SERVER_TEST_LEAK_PER_REQUEST, see
-/// serve/mod.rs), ~8 MiB between the peaks of the halves (125 answers apart); the same run
-/// without it passes.
+/// server/src/bin/llm-server-test-hooks.rs), ~8 MiB between the peaks of the halves (125
+/// answers apart); the same run without it passes.
 #[test]
 fn leak_bound_fails_on_a_deliberate_leak() {
     let clean = server(&synth_model(), &[]);

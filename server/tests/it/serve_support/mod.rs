@@ -23,6 +23,17 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_llm-server")
 }
 
+/// The binary for a server started with `env`: the tests' build with hooks
+/// (`llm-server-test-hooks`, see server/src/hooks.rs) when `env` sets an `LLM_SERVER_TEST_*`
+/// variable, the shipped one otherwise.
+fn binary_for(env: &[(&str, &Path)]) -> &'static str {
+    if env.iter().any(|(k, _)| k.starts_with("LLM_SERVER_TEST_")) {
+        env!("CARGO_BIN_EXE_llm-server-test-hooks")
+    } else {
+        binary()
+    }
+}
+
 /// A running `llm-server serve`, stopped (SIGKILL) when dropped.
 pub struct Server {
     child: Child,
@@ -56,7 +67,7 @@ impl Server {
         let log =
             std::env::temp_dir().join(format!("llm-serve-test-{}-{port}.log", std::process::id()));
         let stderr = std::fs::File::create(&log).unwrap();
-        let child = Command::new(binary())
+        let child = Command::new(binary_for(env))
             .arg("serve")
             .arg("--model")
             .arg(model)
