@@ -102,10 +102,8 @@ pub fn cargo() -> Command {
 /// This workspace's `llm-server` binary as `cargo test --workspace` builds it for the profile the
 /// calling test was built with: the test runs from target/<profile>/deps/, the binary lands in
 /// target/<profile>/. Built once per process, by the same command as the test build, so that it
-/// is a no-op when that build is current: any other package selection (`-p llm-server`)
-/// resolves the dependencies' features differently and compiles the server again (minutes of
-/// release build), and would put a binary built otherwise where the server's own tests
-/// (`CARGO_BIN_EXE_llm-server`, the same path) expect this one.
+/// is a no-op when that build is current and leaves at that path the very binary the server's
+/// own tests (`CARGO_BIN_EXE_llm-server`, the same path) run.
 pub fn llm_server_binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT

@@ -55,10 +55,9 @@ impl Weight for Q5K {
 avx2! {
     use std::arch::x86_64::*;
 
-    use crate::quant::format::Kernels;
+    use crate::quant::format::{dot_4xn_by_rows, Kernels};
     use crate::quant::isa::Isa;
     use crate::quant::simd::{load256, panel_k5};
-    use crate::quant::format::dot_4xn_by_rows;
     use crate::quant::simd::super_block::{k4_dot, k4_dot_n, k4_vec_dot_4rows, K4Block, ScalarMins};
     use crate::quant::DotOrder;
 
